@@ -1,0 +1,42 @@
+# envace — `make run` runs the whole pipeline, `make test` the test suite.
+# Both set everything up themselves (venv, pinned installs) on a fresh machine.
+SHELL := /bin/bash
+ROOT  := $(abspath .)
+VENV  := $(ROOT)/.venv
+PY    := $(VENV)/bin/python
+BFCL  := bfcl-eval==2026.3.23
+
+# Nothing phones home; all state stays inside the project (STACK.md).
+export DO_NOT_TRACK := 1
+export MLFLOW_DISABLE_TELEMETRY := true
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DVC_NO_ANALYTICS := 1
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export PREFECT_HOME := $(ROOT)/.prefect
+export DVC_SITE_CACHE_DIR := $(ROOT)/.dvc-site-cache
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
+export PREFECT_LOGGING_LEVEL := WARNING
+export PATH := $(VENV)/bin:$(PATH)
+
+.PHONY: install run test clean
+
+install: $(VENV)/.installed
+
+# Re-installs only when the pins change; otherwise `make install` is a no-op.
+$(VENV)/.installed: pyproject.toml requirements.lock
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c requirements.lock -e '.[dev]'
+	$(PY) -m pip install -q --no-deps $(BFCL)
+	touch $@
+
+run: install
+	$(PY) -m envace.cli run
+
+test: install
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf .mlflow .prefect data metrics reports .dvc-site-cache

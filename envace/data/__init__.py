@@ -1,0 +1,1 @@
+"""Tasks, demonstrations, splits, dataset files and tokenizer training."""

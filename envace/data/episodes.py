@@ -1,0 +1,78 @@
+"""Episodes as stored in JSONL logs — the format users bring their own logs in.
+
+One episode per line:
+    {"id": str, "task": Task.to_dict(), "agent": str, "success": bool | null,
+     "messages": [
+        {"role": "user", "content": str},
+        {"role": "act", "calls": [{"name": str, "arguments": {...}}, ...]},
+        {"role": "tool", "name": str, "response": {...}, "source": "real"},   # one per call
+        ...
+        {"role": "act", "answer": str}]}
+Every response is stored exactly as the backend returned it.
+"""
+
+from __future__ import annotations
+
+
+def calls_of(messages: list[dict]) -> list[dict]:
+    """Every tool call ACT made, in order."""
+    return [c for m in messages if m.get("role") == "act" for c in m.get("calls", [])]
+
+
+def answer_of(messages: list[dict]) -> str | None:
+    """The final answer, or None when the episode did not end with one."""
+    last = messages[-1] if messages else {}
+    return last.get("answer") if last.get("role") == "act" else None
+
+
+_CALL = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "minLength": 1}, "arguments": {"type": "object"}},
+    "required": ["name", "arguments"],
+}
+_MESSAGE = {
+    "oneOf": [
+        {"type": "object", "properties": {"role": {"const": "user"}, "content": {"type": "string"}},
+         "required": ["role", "content"]},
+        {"type": "object", "properties": {"role": {"const": "act"}, "calls": {"type": "array", "items": _CALL, "minItems": 1}},
+         "required": ["role", "calls"]},
+        {"type": "object", "properties": {"role": {"const": "act"}, "answer": {"type": "string"}},
+         "required": ["role", "answer"]},
+        {"type": "object",
+         "properties": {"role": {"const": "tool"}, "name": {"type": "string"}, "response": {},
+                        "source": {"enum": ["real", "rehearsed", "simulator"]}},
+         "required": ["role", "name", "response", "source"]},
+    ]
+}
+_TASK = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "minLength": 1},
+        "domain": {"type": "string"},
+        "task_type": {"type": "string"},
+        "request": {"type": "string", "minLength": 1},
+        "tools": {"type": "array", "minItems": 1, "items": {
+            "type": "object",
+            "properties": {"function": {"type": "object", "required": ["name", "parameters"]},
+                           "risk": {"enum": ["low", "high"]}},
+            "required": ["function", "risk"]}},
+        "scenario": {"type": "object"},
+        "checklist": {"type": "object", "required": ["required_calls", "forbidden_calls", "final_answer", "ground_truth"]},
+        "slots": {"type": "object"},
+        "split": {"enum": ["train", "val", "test"]},
+    },
+    "required": ["id", "domain", "task_type", "request", "tools", "scenario", "checklist"],
+}
+EPISODE_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "envace episode (one JSONL line)",
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "minLength": 1},
+        "task": _TASK,
+        "agent": {"type": "string"},
+        "success": {"type": ["boolean", "null"]},
+        "messages": {"type": "array", "minItems": 2, "items": _MESSAGE},
+    },
+    "required": ["id", "task", "messages"],
+}

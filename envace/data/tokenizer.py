@@ -1,0 +1,69 @@
+"""A word-level tokenizer for tool traffic: every entity, number and word is one token.
+
+Byte-level BPE splits ids and names into pieces a small model cannot copy reliably
+(DESIGN §4: 0% success). We pre-split text into words, numbers/ids (`A17`, `227.16`,
+`q1.txt`), single spaces and single punctuation marks, then train a BPE whose merges
+rebuild every word seen in training as one token. A word never seen in training is
+still encodable: it falls back to its characters (printable ASCII is always in the
+vocabulary), so decoding is exact and no `<unk>` appears for ASCII text.
+Trained on the training split plus the tool schemas only — never on val/test.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from typing import Iterable, Iterator
+
+SPECIAL_TOKENS = [
+    "<pad>", "<unk>", "<s>", "</s>",
+    "<|user|>", "<|act|>", "<|tool|>", "<|rehearse|>", "<|facts|>", "<|schema|>", "<|end|>",
+]
+PIECE_PATTERN = r"[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|."
+ALPHABET = sorted(set(string.printable) - set("\x0b\x0c"))
+
+
+def compact_json(obj) -> str:
+    """The one JSON spelling the model reads and writes: no spaces, keys in given order."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def episode_texts(episode: dict) -> Iterator[str]:
+    """The strings of an episode a model will read or write."""
+    for m in episode.get("messages", []):
+        if m.get("role") == "user":
+            yield m["content"]
+        elif "calls" in m:
+            yield compact_json(m["calls"])
+        elif "answer" in m:
+            yield m["answer"]
+        elif m.get("role") == "tool":
+            yield compact_json(m["response"])
+
+
+def schema_texts(schemas: Iterable[dict]) -> Iterator[str]:
+    for schema in schemas:
+        yield compact_json(schema)
+
+
+def train_tokenizer(texts: Iterable[str], min_frequency: int = 1):
+    """Train the word-level BPE and wrap it as a `PreTrainedTokenizerFast` (left padding)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(PIECE_PATTERN), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1_000_000,  # never the limit: merging stops when every word is whole
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=ALPHABET,
+        limit_alphabet=len(ALPHABET),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+        additional_special_tokens=SPECIAL_TOKENS[4:], padding_side="left", clean_up_tokenization_spaces=False,
+    )

@@ -1,0 +1,33 @@
+"""Pipeline stages: one module each, `run(params) -> outputs`, runnable as
+`python -m envace.stages.<name> [--params params.yaml]` (this is what dvc.yaml calls).
+
+Paths are relative to the project root (DVC runs every stage there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Callable
+
+STAGES = ("collect", "prepare", "validate_data")
+
+
+class StageFailed(RuntimeError):
+    """A stage (usually a gate) refuses to pass; the message says why."""
+
+
+def main(name: str, run: Callable) -> None:
+    from envace.config import ParamsError, load_params
+
+    parser = argparse.ArgumentParser(prog=f"python -m envace.stages.{name}", description=run.__doc__)
+    parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    try:
+        outputs = run(load_params(args.params))
+    except (ParamsError, StageFailed) as err:
+        print(f"{name}: {err}", file=sys.stderr)
+        sys.exit(1)
+    print(f"{name}: done in {time.perf_counter() - start:.1f}s -> {', '.join(map(str, outputs.values()))}")

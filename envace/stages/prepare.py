@@ -1,0 +1,61 @@
+"""prepare — split the raw logs, train the tokenizer, write the dataset files.
+
+Reads `data/raw/episodes.jsonl`; writes `data/prepared/{train,val,test}.jsonl` (the same
+episode format, each task tagged with its split), `data/prepared/tokenizer/` (a
+`PreTrainedTokenizerFast` trained on the training split plus the tool schemas only), and
+`metrics/prepare.json`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from envace.config import Params
+from envace.data.splits import assign_splits
+from envace.data.tokenizer import episode_texts, schema_texts, train_tokenizer
+from envace.domains import DOMAINS, get_domain
+from envace.io import atomic_dir, read_jsonl, write_json, write_jsonl
+from envace.stages import StageFailed
+from envace.stages.collect import RAW
+
+PREPARED = Path("data/prepared")
+SPLITS = ("train", "val", "test")
+TOKENIZER = PREPARED / "tokenizer"
+METRICS = Path("metrics/prepare.json")
+
+
+def run(params: Params) -> dict[str, Path]:
+    """Split the raw logs, train the tokenizer, write the dataset files."""
+    cfg = params.prepare
+    try:
+        episodes = list(read_jsonl(RAW))
+    except (OSError, ValueError) as err:
+        raise StageFailed(str(err)) from None
+    splits = assign_splits(episodes, cfg.val_fraction, cfg.test_fraction, cfg.seed)
+    by_split: dict[str, list[dict]] = {s: [] for s in SPLITS}
+    for ep, split in zip(episodes, splits):
+        ep["task"]["split"] = split
+        by_split[split].append(ep)
+    empty = [s for s in SPLITS if not by_split[s]]
+    if empty:
+        raise StageFailed(f"split(s) {', '.join(empty)} got no episodes; collect more tasks or raise the fractions")
+    for split, rows in by_split.items():
+        write_jsonl(PREPARED / f"{split}.jsonl", rows)
+
+    schemas = [s for name in DOMAINS for s in get_domain(name).schemas()]
+    texts = [t for ep in by_split["train"] for t in episode_texts(ep)] + list(schema_texts(schemas))
+    tokenizer = train_tokenizer(texts, cfg.min_token_frequency)
+    with atomic_dir(TOKENIZER) as tmp:
+        tokenizer.save_pretrained(tmp)
+    write_json(METRICS, {
+        "episodes": {s: len(rows) for s, rows in by_split.items()},
+        "vocab_size": len(tokenizer),
+        "train_tokens": sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts),
+    })
+    return {**{s: PREPARED / f"{s}.jsonl" for s in SPLITS}, "tokenizer": TOKENIZER, "metrics": METRICS}
+
+
+if __name__ == "__main__":
+    from envace.stages import main
+
+    main("prepare", run)
