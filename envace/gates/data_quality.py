@@ -87,9 +87,9 @@ def _traffic(ep: dict, where: str) -> tuple[list[dict], list[dict]]:
             pending = [c["name"] for c in m["calls"]]
             for c in m["calls"]:
                 tool = tools.get(c["name"])
-                problem = argument_error(tool, c["arguments"]) if tool else "not an offered tool"
+                problem = argument_error(tool, c["arguments"]) if tool else None
                 calls.append({WHERE: where, "tool": c["name"], "offered": tool is not None,
-                              "arguments_valid": problem is None, "problem": problem})
+                              "arguments_valid": problem is None if tool else None, "problem": problem})
         elif m.get("role") == "tool":
             expected = pending.pop(0) if pending else None
             responses.append({WHERE: where, "tool": m["name"], "is_json_object": isinstance(m["response"], dict),

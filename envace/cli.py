@@ -1,0 +1,100 @@
+"""The `envace` command line. Heavy imports happen inside the commands, not at start-up."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _run(args) -> int:
+    from envace import env
+
+    root = Path(args.project_dir).resolve()
+    env.configure(root)
+    from flows.full_pipeline import envace_flow
+
+    try:
+        summary = envace_flow(project_dir=str(root))
+    except Exception as err:  # the flow already logged the details
+        print(f"\nenvace run FAILED: {err}", file=sys.stderr)
+        return 1
+    print(where_to_look(root, summary))
+    return 0
+
+
+def where_to_look(root: Path, summary: dict) -> str:
+    from envace.tracking import tracking_uri
+
+    lines = ["", "envace pipeline finished", "", f"{'stage':<16}{'status':<12}seconds"]
+    for stage, r in summary["stages"].items():
+        lines.append(f"{stage:<16}{'ran' if r['ran'] else 'up to date':<12}{r['seconds']:.1f}")
+    for stage, gate in summary["gates"].items():
+        lines.append(f"gate {stage}: {gate}")
+    data = root / "metrics" / "data.json"
+    collect = root / "metrics" / "collect.json"
+    if collect.exists():
+        rate = json.loads(collect.read_text())["demonstrator_success"]
+        lines.append(f"demonstrator success (real backends): {rate:.1%}")
+    if data.exists():
+        lines.append(f"splits: {json.loads(data.read_text())['splits']}")
+    lines += [
+        "",
+        "Where to look:",
+        f"  MLflow UI:   .venv/bin/mlflow ui --backend-store-uri {tracking_uri(root)}  (runs under experiment 'envace')",
+        f"  Prefect UI:  PREFECT_HOME={root}/.prefect .venv/bin/prefect server start  (flow 'envace', artifacts)",
+        "  DVC:         .venv/bin/dvc metrics show; dvc.lock pins every output",
+        "  Reports:     reports/data_validation.md; metrics/*.json",
+    ]
+    return "\n".join(lines)
+
+
+def _stage(args) -> int:
+    import runpy
+
+    from envace.stages import STAGES
+
+    if args.name not in STAGES:
+        print(f"unknown stage {args.name!r}; stages: {', '.join(STAGES)}", file=sys.stderr)
+        return 2
+    sys.argv = [f"envace.stages.{args.name}", "--params", args.params]
+    runpy.run_module(f"envace.stages.{args.name}", run_name="__main__")
+    return 0
+
+
+def _check_params(args) -> int:
+    from envace.config import ParamsError, load_params
+
+    try:
+        load_params(args.params)
+    except ParamsError as err:
+        print(err, file=sys.stderr)
+        return 2
+    print(f"{args.params}: ok")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="envace",
+        description="Train tool-using agents that rehearse their environment (EnvACE). "
+        "`envace run` runs the whole pipeline (Prefect flow over DVC stages).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run the whole pipeline: the Prefect flow 'envace' over the DVC stages")
+    p.add_argument("--project-dir", default=".", help="project root holding dvc.yaml and params.yaml")
+    p.set_defaults(func=_run)
+    p = sub.add_parser("stage", help="run one stage directly (no DVC, no tracking)")
+    p.add_argument("name", help="collect | prepare | validate_data")
+    p.add_argument("--params", default="params.yaml")
+    p.set_defaults(func=_stage)
+    p = sub.add_parser("check-params", help="validate params.yaml against the typed config")
+    p.add_argument("--params", default="params.yaml")
+    p.set_defaults(func=_check_params)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""MLflow side effects in one place: the pipeline's parent run and one nested run per stage.
+
+The store lives in the project: `sqlite:///<root>/.mlflow/mlflow.db` with artifacts in
+`<root>/.mlflow/artifacts`, unless MLFLOW_TRACKING_URI says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+EXPERIMENT = "envace"
+
+
+def tracking_uri(root: Path) -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(root).resolve()}/.mlflow/mlflow.db"
+
+
+def _experiment_id(root: Path) -> str:
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri(root))
+    found = mlflow.get_experiment_by_name(EXPERIMENT)
+    if found:
+        return found.experiment_id
+    artifacts = (Path(root).resolve() / ".mlflow" / "artifacts").as_uri()
+    return mlflow.create_experiment(EXPERIMENT, artifact_location=artifacts)
+
+
+@contextmanager
+def pipeline_run(root: Path, run_name: str, tags: dict[str, str]):
+    """The parent run of one pipeline run; ends FAILED if the block raises."""
+    import mlflow
+
+    (Path(root) / ".mlflow").mkdir(exist_ok=True)
+    experiment_id = _experiment_id(root)
+    mlflow.set_experiment(experiment_id=experiment_id)
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
+        yield run
+
+
+def log_stage(parent, stage: str, params: dict, metrics: dict, tags: dict, artifacts: list[Path] = ()) -> str:
+    """A run for one stage nested under `parent` (the pipeline run); returns its run id."""
+    import mlflow
+
+    with mlflow.start_run(
+        experiment_id=parent.info.experiment_id, parent_run_id=parent.info.run_id, nested=True,
+        run_name=stage, tags={"stage": stage, **tags},
+    ) as run:
+        if params:
+            mlflow.log_params({k: _param_value(v) for k, v in params.items()})
+        if metrics:
+            mlflow.log_metrics(metrics)
+        for path in artifacts:
+            if Path(path).is_file():
+                mlflow.log_artifact(str(path))
+        return run.info.run_id
+
+
+def _param_value(value) -> str:
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def flatten(obj, prefix: str = "", numbers_only: bool = False) -> dict:
+    """{"a": {"b": 1}} → {"a.b": 1}; lists are kept whole (or dropped with numbers_only)."""
+    out = {}
+    for key, value in obj.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}.", numbers_only))
+        elif not numbers_only:
+            out[name] = value
+        elif isinstance(value, (int, float)):  # bools count: a gate's "passed" is a metric
+            out[name] = float(value)
+    return out

@@ -1,0 +1,137 @@
+"""The `envace` Prefect flow: every DVC stage in order, gates reported, runs tracked.
+
+Each stage runs through DVC (`dvc repro <stage>`), so DVC decides what is stale, skips
+what is up to date and pins every artifact in dvc.lock. Around it the flow adds what
+DVC does not: retries of nothing (stages are deterministic, a failure is real), a
+markdown artifact per gate, and MLflow tracking — one parent run per pipeline run and a
+nested run per stage with its params, metrics and the hashes of its outputs.
+
+Run: `make run`, or `envace run`, or `python -m flows.full_pipeline`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from envace import tracking
+from envace.config import load_params
+
+# stage -> (artifact key, report file): the stages whose result is a gate decision.
+GATES = {"validate_data": ("data-gate", "reports/data_validation.md")}
+
+
+class StageError(RuntimeError):
+    pass
+
+
+def pipeline_stages(root: Path) -> dict[str, dict]:
+    """The stages of dvc.yaml, in file order (which is the dependency order)."""
+    return yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+
+
+@task(name="dvc-repro", task_run_name="{stage}")
+def reproduce(stage: str, root: Path) -> dict:
+    """`dvc repro <stage>`; returns whether it ran (vs. up to date) and how long it took."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # stage cmds use this python
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "dvc", "repro", stage], cwd=root, env=env,
+                          capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        tail = "\n".join(log.strip().splitlines()[-25:])
+        raise StageError(f"stage {stage!r} failed (dvc repro exit {proc.returncode}):\n{tail}")
+    return {"stage": stage, "ran": f"Running stage '{stage}'" in log, "seconds": round(seconds, 2)}
+
+
+def _read_lock(root: Path) -> dict:
+    lock = root / "dvc.lock"
+    return yaml.safe_load(lock.read_text()).get("stages", {}) if lock.exists() else {}
+
+
+def _stage_params(spec: dict, params: dict) -> dict:
+    out = {}
+    for entry in spec.get("params", []):
+        for key in ([entry] if isinstance(entry, str) else list(entry)):
+            value = params
+            for part in key.split("."):
+                value = value[part]
+            out.update(tracking.flatten(value, f"{key}.") if isinstance(value, dict) else {key: value})
+    return out
+
+
+def _stage_metrics(spec: dict, root: Path) -> dict:
+    import json
+
+    out = {}
+    for entry in spec.get("metrics", []):
+        path = root / (entry if isinstance(entry, str) else next(iter(entry)))
+        if path.exists():
+            out.update(tracking.flatten(json.loads(path.read_text()), numbers_only=True))
+    return out
+
+
+def _publish_gate(stage: str, root: Path) -> str | None:
+    if stage not in GATES:
+        return None
+    key, report = GATES[stage]
+    path = root / report
+    body = path.read_text() if path.exists() else f"# {stage}\n\nNo report was written."
+    create_markdown_artifact(body, key=key, description=f"{stage} gate result")
+    return body.splitlines()[0].lstrip("# ")
+
+
+@flow(name="envace", log_prints=True)
+def envace_flow(project_dir: str = ".") -> dict:
+    """Run every stage of the pipeline through DVC; returns a summary per stage."""
+    logger = get_run_logger()
+    root = Path(project_dir).resolve()
+    params_raw = yaml.safe_load((root / "params.yaml").read_text())
+    load_params(root / "params.yaml")  # fail fast, naming any bad key
+    stages = pipeline_stages(root)
+    started = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    summary: dict = {"stages": {}, "gates": {}}
+    with tracking.pipeline_run(root, f"pipeline-{started}", {"project_dir": str(root)}) as parent:
+        summary["mlflow_run_id"] = parent.info.run_id
+        for stage, spec in stages.items():
+            try:
+                result = reproduce(stage, root)
+            except StageError:
+                gate = _publish_gate(stage, root)
+                if gate:
+                    summary["gates"][stage] = gate
+                tracking.log_stage(parent, stage, _stage_params(spec, params_raw), _stage_metrics(spec, root),
+                                   {"status": "failed"})
+                raise
+            lock = _read_lock(root).get(stage, {})
+            hashes = {f"dvc.out.{o['path']}": o.get("md5", "") for o in lock.get("outs", [])}
+            metrics = {**_stage_metrics(spec, root), "stage_seconds": result["seconds"], "stage_ran": float(result["ran"])}
+            tracking.log_stage(parent, stage, _stage_params(spec, params_raw), metrics, {"status": "ok", **hashes},
+                               [root / GATES[stage][1]] if stage in GATES else [])
+            gate = _publish_gate(stage, root)
+            if gate:
+                summary["gates"][stage] = gate
+            summary["stages"][stage] = result
+            logger.info("%s: %s in %.1fs", stage, "ran" if result["ran"] else "up to date", result["seconds"])
+    create_markdown_artifact(_summary_markdown(summary), key="pipeline-summary", description="envace pipeline run")
+    return summary
+
+
+def _summary_markdown(summary: dict) -> str:
+    rows = [f"| {s} | {'ran' if r['ran'] else 'up to date'} | {r['seconds']:.1f} |" for s, r in summary["stages"].items()]
+    gates = [f"- **{s}**: {g}" for s, g in summary["gates"].items()]
+    return "\n".join(["# envace pipeline", "", "| stage | status | seconds |", "|---|---|---|", *rows, "", *gates]) + "\n"
+
+
+if __name__ == "__main__":
+    envace_flow()
