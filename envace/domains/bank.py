@@ -9,6 +9,7 @@ usually transfers without checking (rate `skip_check_rate`).
 
 from __future__ import annotations
 
+import copy
 import random
 
 from envace.domains.base import (
@@ -72,7 +73,7 @@ class BankBackend(Backend):
         return {"status": "completed", "amount": amount}
 
     def state(self) -> dict:
-        return {"accounts": sorted(self.accounts.values(), key=lambda a: a["account_id"])}
+        return copy.deepcopy({"accounts": sorted(self.accounts.values(), key=lambda a: a["account_id"])})
 
     def facts(self, call: dict) -> dict:
         values = set(map(str, (call.get("arguments") or {}).values()))

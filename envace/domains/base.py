@@ -21,7 +21,13 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, ClassVar, Generator, Literal
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
+
+# JSON Schema counts 10.0 as an integer; tool backends do not, so neither do we.
+_STRICT_TYPES = Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool)
+)
+StrictValidator = validators.extend(Draft202012Validator, type_checker=_STRICT_TYPES)
 
 Call = dict[str, Any]  # {"name": str, "arguments": dict}
 Response = dict[str, Any]  # any JSON object; errors carry an "error" object
@@ -127,7 +133,7 @@ def argument_error(tool: Tool, args: Any) -> str | None:
     if not isinstance(args, dict):
         return "arguments must be a JSON object"
     key = json.dumps(tool.parameters, sort_keys=True)
-    validator = _VALIDATORS.get(key) or _VALIDATORS.setdefault(key, Draft202012Validator(tool.parameters))
+    validator = _VALIDATORS.get(key) or _VALIDATORS.setdefault(key, StrictValidator(tool.parameters))
     err = next(iter(sorted(validator.iter_errors(args), key=lambda e: e.path)), None)
     if err is None:
         return None

@@ -9,10 +9,11 @@ answers "yes" without listing the folder (`answer_unverified_rate`).
 
 from __future__ import annotations
 
+import copy
 import random
 
 from envace.domains.base import (
-    INT, STR, Backend, Checklist, Domain, Mistakes, Script, Task, Tool, ToolError, call, is_error, params,
+    STR, Backend, Checklist, Domain, Mistakes, Script, Task, Tool, ToolError, call, is_error, params,
 )
 
 PREFIXES = "old new tmp shared team my draft backup archive project client home work spare legacy".split()
@@ -85,7 +86,7 @@ class FilesBackend(Backend):
         return {"deleted": folder_id}
 
     def state(self) -> dict:
-        return {"folders": sorted(self.folders.values(), key=lambda f: f["folder_id"])}
+        return copy.deepcopy({"folders": sorted(self.folders.values(), key=lambda f: f["folder_id"])})
 
     def facts(self, call: dict) -> dict:
         values = set(map(str, (call.get("arguments") or {}).values()))

@@ -43,6 +43,7 @@ STATUSES = ("Open", "Pending", "Completed", "Cancelled")
 ERROR_CODES = (
     ("Insufficient funds", "insufficient_funds"), ("Can't cancel", "already_completed"),
     ("not found", "not_found"), ("not authenticated", "not_authenticated"), ("Invalid", "invalid_argument"),
+    ("must be positive", "invalid_argument"),
 )
 
 

@@ -100,12 +100,12 @@ def _traffic(ep: dict, where: str) -> tuple[list[dict], list[dict]]:
 def _keys(episodes: pd.DataFrame) -> pd.DataFrame:
     seen: dict[tuple, dict] = {}
     for row in episodes.itertuples():
-        if row.split is None:
+        if row.request is None:
             continue
         for kind in ("request", "scenario"):
             key = (kind, getattr(row, kind))
             entry = seen.setdefault(key, {"kind": kind, "splits": set(), WHERE: []})
-            entry["splits"].add(row.split)
+            entry["splits"].add(row.file_split)  # where it is, whatever its tag says
             entry[WHERE].append(getattr(row, WHERE))
     rows = [{"kind": e["kind"], "n_splits": len(e["splits"]), WHERE: " & ".join(e[WHERE][:3])} for e in seen.values()]
     return pd.DataFrame(rows, columns=["kind", "n_splits", WHERE])

@@ -1,0 +1,69 @@
+"""Shared fixtures. The environment is made local and quiet before anything imports
+Prefect, MLflow or DVC (the Makefile sets the same; this covers a bare `pytest`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("PREFECT_HOME", str(ROOT / ".prefect-test"))
+from envace import env  # noqa: E402
+
+env.configure(ROOT)
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+# A tiny profile: the whole data pipeline in seconds.
+TINY_PARAMS = {
+    "collect": {"seed": 0, "domains": ["bank", "files", "trading"], "tasks_per_domain": 40},
+    "prepare": {"seed": 0, "val_fraction": 0.1, "test_fraction": 0.2},
+    "validate_data": {
+        "min_split_sizes": {"train": 50, "val": 3, "test": 10},
+        "max_split_share_error": 0.15,
+        "max_domain_share_error": 0.3,
+    },
+}
+
+
+def make_project(path: Path, params: dict = TINY_PARAMS, dvc: bool = True) -> Path:
+    """A throwaway project dir: our dvc.yaml, the given params, `dvc init --no-scm`."""
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "dvc.yaml", path / "dvc.yaml")
+    (path / "params.yaml").write_text(yaml.safe_dump(params))
+    # stage deps name source files: link the package so DVC can hash them
+    (path / "envace").symlink_to(ROOT / "envace")
+    if dvc:
+        subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=path, check=True)
+        subprocess.run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], cwd=path, check=True)
+    return path
+
+
+@pytest.fixture
+def tiny_params():
+    from envace.config import parse_params
+
+    return parse_params(TINY_PARAMS)
+
+
+@pytest.fixture(scope="session")
+def prepared_dir(tmp_path_factory):
+    """collect + prepare on the tiny profile, once per session (read-only for tests)."""
+    from envace.config import parse_params
+    from envace.stages import collect, prepare
+
+    root = tmp_path_factory.mktemp("prepared")
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        params = parse_params(TINY_PARAMS)
+        collect.run(params)
+        prepare.run(params)
+    finally:
+        os.chdir(cwd)
+    return root

@@ -1,0 +1,78 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from envace.config import Params, ParamsError, load_params, parse_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_params_load():
+    params = load_params(ROOT / "params.yaml")
+    assert params.collect.tasks_per_domain > 0
+
+
+def test_unknown_key_is_an_error_naming_the_key():
+    with pytest.raises(ParamsError, match=r"collect\.tasks_per_domian: unknown key"):
+        parse_params({"collect": {"tasks_per_domian": 3}})
+
+
+def test_unknown_section_is_an_error_naming_it():
+    with pytest.raises(ParamsError, match=r"trian: unknown key"):
+        parse_params({"trian": {}})
+
+
+@pytest.mark.parametrize(
+    "raw, key",
+    [
+        ({"collect": {"tasks_per_domain": "many"}}, "collect.tasks_per_domain"),
+        ({"collect": {"demonstrator": {"slip_rate": 1.5}}}, "collect.demonstrator.slip_rate"),
+        ({"collect": {"domains": ["bank", "casino"]}}, "collect.domains.1"),
+        ({"prepare": {"val_fraction": 0.5, "test_fraction": 0.5}}, "prepare"),
+        ({"validate_data": {"min_split_sizes": {"dev": 3}}}, "validate_data.min_split_sizes.dev"),
+    ],
+)
+def test_mistyped_or_out_of_range_values_name_the_key(raw, key):
+    with pytest.raises(ParamsError) as err:
+        parse_params(raw)
+    assert key in str(err.value)
+
+
+def test_ints_are_accepted_where_floats_are_expected():
+    assert parse_params({"collect": {"demonstrator": {"slip_rate": 0}}}).collect.demonstrator.slip_rate == 0
+
+
+def test_missing_file_and_bad_yaml_are_clear(tmp_path):
+    with pytest.raises(ParamsError, match="file not found"):
+        load_params(tmp_path / "nope.yaml")
+    bad = tmp_path / "params.yaml"
+    bad.write_text("collect: [unclosed")
+    with pytest.raises(ParamsError, match="not valid YAML"):
+        load_params(bad)
+
+
+def test_dvc_yaml_params_yaml_and_config_classes_agree():
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    shipped = yaml.safe_load((ROOT / "params.yaml").read_text())
+    sections = set(Params.model_fields)
+    assert set(shipped) == sections, "params.yaml sections must be exactly the config sections"
+    for stage, spec in dvc.items():
+        assert stage in sections, f"stage {stage} has no params section"
+        assert spec["cmd"] == f"python -m envace.stages.{stage}"
+        assert (ROOT / "envace" / "stages" / f"{stage}.py").exists()
+        for key in spec.get("params", []):
+            node = shipped
+            for part in key.split("."):
+                assert part in node, f"dvc.yaml {stage} lists param {key} missing from params.yaml"
+                node = node[part]
+    # every field of every section appears in params.yaml, so the file documents all knobs
+    for name, field in Params.model_fields.items():
+        assert set(field.annotation.model_fields) == set(shipped[name]), name
+
+
+def test_stage_modules_match_dvc_stages():
+    from envace.stages import STAGES
+
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert tuple(dvc) == STAGES

@@ -1,0 +1,129 @@
+"""End to end: the Prefect flow over the DVC stages on a tiny profile, with MLflow."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import TINY_PARAMS, make_project
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+def _dvc(project, *args):
+    """`dvc ...` as a user runs it: stage commands find this venv's `python` on PATH."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=project, capture_output=True, text=True, env=env)
+
+
+def _runs(project):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{project}/.mlflow/mlflow.db")
+    return mlflow.search_runs(experiment_names=["envace"], output_format="list")
+
+
+def _artifact(key):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    return sorted(found, key=lambda a: a.created)[-1]
+
+
+def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_api, monkeypatch):
+    from flows.full_pipeline import envace_flow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    project = make_project(tmp_path / "proj")
+    summary = envace_flow(project_dir=str(project))
+
+    assert list(summary["stages"]) == ["collect", "prepare", "validate_data"]
+    assert all(s["ran"] for s in summary["stages"].values())
+    data = json.loads((project / "metrics/data.json").read_text())
+    assert data["passed"] is True and data["domains"] == ["bank", "files", "trading"]
+
+    # dvc.lock pins every declared output with a hash
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
+    declared = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
+    for stage, spec in declared.items():
+        outs = {next(iter(o)) if isinstance(o, dict) else o for o in spec.get("outs", []) + spec.get("metrics", [])}
+        locked = {o["path"]: o["md5"] for o in lock[stage]["outs"]}
+        assert outs == set(locked) and all(locked.values()), stage
+
+    # one parent run, one nested run per stage with params, metrics and output hashes
+    runs = _runs(project)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = {r.data.tags["mlflow.runName"]: r for r in runs if "mlflow.parentRunId" in r.data.tags}
+    assert len(parents) == 1 and set(children) == set(declared)
+    assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children.values())
+    collect = children["collect"].data
+    assert collect.params["collect.tasks_per_domain"] == "40"
+    assert 0 < collect.metrics["demonstrator_success"] < 1
+    assert collect.tags["dvc.out.data/raw/episodes.jsonl"] == {o["path"]: o["md5"] for o in lock["collect"]["outs"]}["data/raw/episodes.jsonl"]
+    assert children["validate_data"].data.metrics["passed"] == 1.0
+
+    # the gate's result is a Prefect markdown artifact
+    assert _artifact("data-gate").data.startswith("# Data validation: PASSED")
+
+    # nothing changed: everything is up to date, and `dvc repro` agrees
+    again = envace_flow(project_dir=str(project))
+    assert not any(s["ran"] for s in again["stages"].values())
+    assert "Data and pipelines are up to date" in _dvc(project, "repro").stdout
+
+    # a corrupted prepared line fails the gate, naming the expectation and the line
+    path = project / "data/prepared/train.jsonl"
+    lines = path.read_text().splitlines()
+    lines[4] = lines[4][:-30]
+    path.write_text("\n".join(lines) + "\n")
+    failed = _dvc(project, "repro", "--single-item", "validate_data")
+    assert failed.returncode != 0
+    assert "every line is valid JSON" in failed.stderr and "train.jsonl:5" in failed.stderr
+    # plain `dvc repro` restores the pinned file from the cache instead
+    assert _dvc(project, "repro").returncode == 0
+    assert path.read_text().splitlines()[4] != lines[4]
+
+
+def test_failing_gate_stops_the_flow_and_reports(tmp_path, prefect_api, monkeypatch):
+    from flows.full_pipeline import StageError, envace_flow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params = json.loads(json.dumps(TINY_PARAMS))
+    params["validate_data"]["min_split_sizes"]["train"] = 10_000
+    project = make_project(tmp_path / "proj", params)
+    with pytest.raises(StageError, match="every split has its minimum size"):
+        envace_flow(project_dir=str(project))
+    assert _artifact("data-gate").data.startswith("# Data validation: FAILED")
+    assert "validate_data" not in yaml.safe_load((project / "dvc.lock").read_text())["stages"]
+    failed = [r for r in _runs(project) if r.data.tags.get("status") == "failed"]
+    assert [r.data.tags["mlflow.runName"] for r in failed] == ["validate_data"]
+
+
+def test_cli_help_and_params_check(tmp_path):
+    cli = [sys.executable, "-m", "envace.cli"]
+    out = subprocess.run([*cli, "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "run" in out.stdout
+    bad = tmp_path / "params.yaml"
+    bad.write_text("collect:\n  tasks_per_domian: 3\n")
+    out = subprocess.run([*cli, "check-params", "--params", str(bad)], capture_output=True, text=True)
+    assert out.returncode == 2 and "collect.tasks_per_domian: unknown key" in out.stderr
+
+
+def test_stage_entry_point_reports_bad_params_without_traceback(tmp_path):
+    (tmp_path / "params.yaml").write_text("prepare:\n  val_fraction: two\n")
+    out = subprocess.run([sys.executable, "-m", "envace.stages.prepare"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "prepare.val_fraction" in out.stderr and "Traceback" not in out.stderr
