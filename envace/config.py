@@ -73,10 +73,75 @@ class ValidateDataConfig(Section):
     """How many bad rows a failing expectation shows."""
 
 
+class ModelConfig(Section):
+    """The policy: the embedded default (built from this config) or a local HF checkpoint."""
+
+    source: str = "embedded"
+    """`embedded`, or the path of a local Hugging Face checkpoint directory."""
+    hidden_size: int = Field(192, gt=0)
+    num_layers: int = Field(4, gt=0)
+    num_heads: int = Field(3, gt=0)
+    intermediate_size: int = Field(512, gt=0)
+    max_position_embeddings: int = Field(1024, gt=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _heads_divide(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError("model.hidden_size must be a multiple of model.num_heads")
+        return self
+
+
+class RolesConfig(Section):
+    privileged_dropout: float = Field(0.2, ge=0, le=1)
+    """Probability of dropping the privileged scenario facts from a REHEARSE input in training."""
+
+
+class RolloutConfig(Section):
+    max_turns: int = Field(6, gt=0)
+    max_calls_per_turn: int = Field(3, gt=0)
+    max_new_tokens: int = Field(96, gt=0)
+    """Cap on the tokens of one generation (an ACT turn or one rehearsed response)."""
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    batch_size: int = Field(128, gt=0)
+    """Episodes generated together (one batched forward pass per step)."""
+
+
+class WarmupConfig(Section):
+    """SFT of both roles on the real trajectories from `collect`."""
+
+    max_epochs: int = Field(6, gt=0)
+    min_epochs: int = Field(1, gt=0)
+    """Train at least this many epochs even if the rehearsal gate would already pass."""
+    batch_size: int = Field(32, gt=0)
+    lr: float = Field(3e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(50, ge=0)
+    lambda_env: float = Field(1.0, ge=0)
+    """Weight of the REHEARSE loss relative to the ACT loss."""
+    eval_tasks: int = Field(0, ge=0)
+    """Held-out tasks for ACT's real success after warmup (0 = the whole test split)."""
+    seed: int = 0
+
+
+class GateConfig(Section):
+    min_rehearsal_accuracy: float = Field(0.8, ge=0)
+    """Every core tool's rehearsal exact match must reach this (above 1 blocks everything)."""
+    min_tool_examples: int = Field(20, ge=1)
+    """A tool is *core* when the held-out data holds at least this many of its calls."""
+    max_examples: int = Field(3, ge=1)
+
+
 class Params(Section):
     collect: CollectConfig = CollectConfig()
     prepare: PrepareConfig = PrepareConfig()
     validate_data: ValidateDataConfig = ValidateDataConfig()
+    model: ModelConfig = ModelConfig()
+    roles: RolesConfig = RolesConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    warmup: WarmupConfig = WarmupConfig()
+    gate: GateConfig = GateConfig()
 
 
 def parse_params(raw: dict, source: str = "params.yaml") -> Params:

@@ -29,7 +29,7 @@ def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
     n = 0
     with atomic_writer(path) as f:
         for row in rows:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
+            f.write(json.dumps(row) + "\n")  # key order kept: responses exactly as returned
             n += 1
     return n
 
@@ -71,3 +71,13 @@ def atomic_dir(path: str | Path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def write_csv(path: str | Path, rows: list[dict]) -> None:
+    import csv
+
+    with atomic_writer(path) as f:
+        fields = list(rows[0]) if rows else []
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)

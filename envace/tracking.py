@@ -18,6 +18,10 @@ def tracking_uri(root: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(root).resolve()}/.mlflow/mlflow.db"
 
 
+def artifact_location(root: Path) -> str:
+    return (Path(root).resolve() / ".mlflow" / "artifacts").as_uri()
+
+
 def _experiment_id(root: Path) -> str:
     import mlflow
 
@@ -25,8 +29,7 @@ def _experiment_id(root: Path) -> str:
     found = mlflow.get_experiment_by_name(EXPERIMENT)
     if found:
         return found.experiment_id
-    artifacts = (Path(root).resolve() / ".mlflow" / "artifacts").as_uri()
-    return mlflow.create_experiment(EXPERIMENT, artifact_location=artifacts)
+    return mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_location(root))
 
 
 @contextmanager

@@ -26,7 +26,10 @@ from envace import tracking
 from envace.config import load_params
 
 # stage -> (artifact key, report file): the stages whose result is a gate decision.
-GATES = {"validate_data": ("data-gate", "reports/data_validation.md")}
+GATES = {
+    "validate_data": ("data-gate", "reports/data_validation.md"),
+    "rehearsal_gate": ("rehearsal-gate", "reports/rehearsal_gate.md"),
+}
 
 
 class StageError(RuntimeError):

@@ -19,7 +19,10 @@ SPECIAL_TOKENS = [
     "<pad>", "<unk>", "<s>", "</s>",
     "<|user|>", "<|act|>", "<|tool|>", "<|rehearse|>", "<|facts|>", "<|schema|>", "<|end|>",
 ]
-PIECE_PATTERN = r"[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|."
+# a JSON key with its colon (`"account_id":`) is one piece; values keep their quotes
+# apart so `Alice` in a request and `"Alice"` in a call share the token `Alice`.
+PIECE_PATTERN = r'"[A-Za-z0-9_$()]+":|[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|.'
+
 ALPHABET = sorted(set(string.printable) - set("\x0b\x0c"))
 
 

@@ -38,6 +38,8 @@ PRICES = sorted({round(_POOL.uniform(20, 900), 2) for _ in range(60)})
 CHANGES = sorted({round(_POOL.uniform(-3, 3), 2) for _ in range(30)})
 VOLUMES = sorted({round(_POOL.uniform(0.5, 9), 3) for _ in range(30)})
 ORDER_IDS = list(range(1000, 1400))
+ACCOUNT_IDS = list(range(20001, 20061))
+CARD_NUMBERS = sorted({_POOL.randrange(10**15, 10**16) for _ in range(40)})
 STATUSES = ("Open", "Pending", "Completed", "Cancelled")
 # BFCL reports errors as {"error": "<sentence>"}; we keep the sentence and add a code.
 ERROR_CODES = (
@@ -157,8 +159,8 @@ def make_task(rng: random.Random, task_type: str, task_id: str) -> Task:
         for i in order_ids
     ]
     scenario = {
-        "account_info": {"account_id": rng.randint(10000, 99999), "balance": float(rng.randrange(20000, 60000, 500)),
-                         "binding_card": rng.randint(10**15, 10**16 - 1)},
+        "account_info": {"account_id": rng.choice(ACCOUNT_IDS), "balance": float(rng.randrange(20000, 60000, 500)),
+                         "binding_card": rng.choice(CARD_NUMBERS)},
         "authenticated": True, "market_status": "Open", "order_counter": order_ids[-1] + 1,
         "orders": orders, "stocks": stocks, "watch_list": [], "transaction_history": [],
     }

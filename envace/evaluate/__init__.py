@@ -1,0 +1,1 @@
+"""Evaluation against the real environment: rehearsal accuracy and real-task success."""

@@ -1,0 +1,64 @@
+"""Rehearsal accuracy, teacher-forced on held-out real trajectories.
+
+For every recorded call, REHEARSE predicts the response from the true history (greedy);
+we compare it with the real response: exact match after JSON canonicalisation, and
+field-level accuracy (share of leaf fields equal), per tool and overall, with or without
+the privileged scenario facts.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from envace.roles import Failure, canonical, parse_rehearse
+from envace.train.data import fact_source, recorded_calls
+
+
+def leaves(obj, prefix: str = "") -> dict[str, str]:
+    """{"a": {"b": 1}} → {"a.b": "1"} (values canonicalised)."""
+    if isinstance(obj, dict) and obj:
+        return {k: v for key, val in obj.items() for k, v in leaves(val, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): canonical(obj)}
+
+
+def field_accuracy(predicted, real) -> float:
+    """Share of the leaf fields of either side that agree.
+
+    >>> field_accuracy({"a": 1, "b": 2}, {"a": 1, "b": 3})
+    0.5
+    """
+    p, r = leaves(predicted), leaves(real)
+    keys = set(p) | set(r)
+    return sum(p.get(k) == r.get(k) for k in keys) / len(keys) if keys else 1.0
+
+
+def rehearsal_accuracy(policy, episodes: list[dict], privileged: bool, max_new_tokens: int = 96,
+                       batch_size: int = 128) -> dict:
+    items = []  # (tool name, prompt ids, real response)
+    for ep in episodes:
+        task, recorded = ep["task"], recorded_calls(ep)
+        facts = fact_source(task)
+        shown = [facts.facts(c) if privileged else None for c, _ in recorded]
+        for k, (call, real) in enumerate(recorded):
+            steps = [(c, f, r) for (c, r), f in zip(recorded[:k], shown)] + [(call, shown[k], None)]
+            prompt = policy.encode(policy.template.rehearse(task["tools"], task["request"], steps, train=False))
+            items.append((call["name"], prompt, real))
+    per_tool: dict[str, list[tuple[bool, float]]] = defaultdict(list)
+    for start in range(0, len(items), batch_size):
+        chunk = items[start : start + batch_size]
+        outputs = policy.generate([p for _, p, _ in chunk], max_new_tokens, 0.0, 1.0, None)
+        for (tool, _, real), ids in zip(chunk, outputs):
+            predicted = parse_rehearse(policy.decode(ids), policy.template.end)
+            if isinstance(predicted, Failure):
+                per_tool[tool].append((False, 0.0))
+            else:
+                per_tool[tool].append((canonical(predicted) == canonical(real), field_accuracy(predicted, real)))
+    everything = [x for results in per_tool.values() for x in results]
+    mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else 0.0  # noqa: E731
+    return {
+        "exact": mean([e for e, _ in everything]),
+        "field": mean([f for _, f in everything]),
+        "n": len(everything),
+        "per_tool": {tool: {"exact": mean([e for e, _ in rs]), "field": mean([f for _, f in rs]), "n": len(rs)}
+                     for tool, rs in sorted(per_tool.items())},
+    }

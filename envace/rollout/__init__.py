@@ -1,0 +1,1 @@
+"""Batched generation and the episode runner."""

@@ -1,0 +1,234 @@
+"""The episode runner: many episodes at once, one policy, one of three responders.
+
+Each turn, every live episode's ACT prompt is generated in one batch; the calls ACT made
+are answered by the responder in one batch — the real backend, the policy itself in the
+REHEARSE role, or a separate frozen simulator model — and appended to the history as if
+the tool had answered. Caps on turns, calls per turn and tokens per generation are
+enforced; a malformed generation or a broken cap is a failed step recorded in the episode
+(`episode.failure`), never an exception.
+
+Every episode keeps each generation with the role that produced it, from which the
+token-level ACT / REHEARSE masks are built, the source of each response, and counters:
+real-backend calls and generated tokens per role.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from envace import judge
+from envace.config import RolloutConfig
+from envace.data.episodes import answer_of, calls_of
+from envace.domains import get_domain
+from envace.domains.base import Task
+from envace.roles import ACT, REHEARSE, Failure, encode, parse_act, parse_rehearse, stop_token_id, template_for
+from envace.rollout.generate import generate
+
+SIMULATOR = "simulator"
+
+
+@dataclass
+class Generation:
+    role: str  # ACT, REHEARSE (trained) or SIMULATOR (a frozen model's, never trained)
+    prompt_ids: list[int]  # [P]
+    output_ids: list[int]  # [L], the stop token included when produced
+
+
+@dataclass
+class Episode:
+    task: Task
+    messages: list[dict]
+    generations: list[Generation] = field(default_factory=list)
+    failure: str | None = None  # why the episode stopped early, if it did
+    done: bool = False
+    real_calls: int = 0
+    tokens: dict[str, int] = field(default_factory=lambda: {ACT: 0, REHEARSE: 0, SIMULATOR: 0})
+    final_state: dict | None = None  # real backend's state at the end (real responder only)
+    success: bool = False
+
+    def fail(self, reason: str) -> None:
+        self.failure, self.done = reason, True
+        self.messages.append({"role": "failed_step", "reason": reason})
+
+    @property
+    def calls(self) -> list[dict]:
+        return calls_of(self.messages)
+
+    @property
+    def answer(self) -> str | None:
+        return None if self.failure else answer_of(self.messages)
+
+    def role_masks(self) -> list[tuple[list[int], list[int], list[int]]]:
+        """Per generation: (prompt + output ids, ACT mask, REHEARSE mask) — 1 where that role wrote."""
+        out = []
+        for g in self.generations:
+            ids = g.prompt_ids + g.output_ids
+            gen = [0] * len(g.prompt_ids) + [1] * len(g.output_ids)
+            out.append((ids, [m * (g.role == ACT) for m in gen], [m * (g.role == REHEARSE) for m in gen]))
+        return out
+
+
+class Policy:
+    """A model and its tokenizer, generating text for either role."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        self.template = template_for(tokenizer)
+        self.stop_id = stop_token_id(tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_id
+
+    def encode(self, segments) -> list[int]:
+        return encode(self.tokenizer, segments)[0]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                 generator: torch.Generator | None) -> list[list[int]]:
+        return generate(self.model, prompts, max_new_tokens, self.stop_id, self.pad_id, temperature, top_p, generator)
+
+
+def _text(policy: Policy, ids: list[int], cap: int) -> str | Failure:
+    if not ids or ids[-1] != policy.stop_id:
+        return Failure("truncated" if len(ids) >= cap else "no_stop_token", policy.decode(ids))
+    return policy.decode(ids)
+
+
+class Responder(Protocol):
+    source: str
+
+    def start(self, episodes: list[Episode]) -> None: ...
+
+    def respond(self, requests: list[tuple[Episode, dict]]) -> list[dict | Failure]: ...
+
+
+class RealResponder:
+    """The real environment: each episode gets a fresh backend built from its scenario."""
+
+    source = "real"
+
+    def start(self, episodes: list[Episode]) -> None:
+        self.backends = {id(e): get_domain(e.task.domain).backend(e.task.scenario) for e in episodes}
+
+    def respond(self, requests):
+        out = []
+        for episode, call in requests:
+            episode.real_calls += 1
+            out.append(self.backends[id(episode)].execute(call, episode.task.tool_names))
+        return out
+
+    def final_state(self, episode: Episode) -> dict:
+        return self.backends[id(episode)].state()
+
+
+class ModelResponder:
+    """A model in the REHEARSE role: the policy itself (`rehearsed`) or a frozen simulator."""
+
+    def __init__(self, policy: Policy, cfg: RolloutConfig, source: str = "rehearsed", temperature: float | None = None,
+                 privileged: bool = True, privileged_dropout: float = 0.0, seed: int = 0):
+        self.policy, self.cfg, self.source = policy, cfg, source
+        self.temperature = cfg.temperature if temperature is None else temperature
+        self.privileged, self.dropout = privileged, privileged_dropout
+        self.rng = random.Random(seed)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def start(self, episodes: list[Episode]) -> None:
+        # privileged facts are read from the task's scenario; no call is ever executed
+        self.fact_sources = {id(e): get_domain(e.task.domain).backend(e.task.scenario) for e in episodes}
+        self.steps: dict[int, list[tuple]] = {id(e): [] for e in episodes}  # (call, facts shown, response)
+
+    def facts(self, episode: Episode, call: dict) -> dict | None:
+        if not self.privileged or self.rng.random() < self.dropout:
+            return None
+        return self.fact_sources[id(episode)].facts(call)
+
+    def respond(self, requests):
+        prompts, shown = [], []
+        for episode, call in requests:
+            shown.append(self.facts(episode, call))
+            steps = self.steps[id(episode)] + [(call, shown[-1], None)]
+            prompts.append(self.policy.encode(self.policy.template.rehearse(
+                episode.task.tools, episode.task.request, steps, train=False)))
+        outputs = self.policy.generate(prompts, self.cfg.max_new_tokens, self.temperature, self.cfg.top_p, self.generator)
+        role = REHEARSE if self.source == "rehearsed" else SIMULATOR
+        responses = []
+        for (episode, call), prompt, ids, facts in zip(requests, prompts, outputs, shown):
+            episode.generations.append(Generation(role, prompt, ids))
+            episode.tokens[role] += len(ids)
+            text = _text(self.policy, ids, self.cfg.max_new_tokens)
+            response = text if isinstance(text, Failure) else parse_rehearse(text, self.policy.template.end)
+            if not isinstance(response, Failure):
+                self.steps[id(episode)].append((call, facts, response))
+            responses.append(response)
+        return responses
+
+
+class EpisodeRunner:
+    def __init__(self, policy: Policy, responder: Responder, cfg: RolloutConfig, temperature: float | None = None,
+                 seed: int = 0):
+        self.policy, self.responder, self.cfg = policy, responder, cfg
+        self.temperature = cfg.temperature if temperature is None else temperature
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def run(self, tasks: list[Task]) -> list[Episode]:
+        episodes = []
+        for start in range(0, len(tasks), self.cfg.batch_size):
+            episodes += self._run_batch(tasks[start : start + self.cfg.batch_size])
+        return episodes
+
+    def _run_batch(self, tasks: list[Task]) -> list[Episode]:
+        episodes = [Episode(t, [{"role": "user", "content": t.request}]) for t in tasks]
+        self.responder.start(episodes)
+        for _ in range(self.cfg.max_turns):
+            live = [e for e in episodes if not e.done]
+            if not live:
+                break
+            calling = self._act(live)
+            requests = [(e, c) for e in calling for c in e.messages[-1]["calls"]]
+            responses = self.responder.respond(requests) if requests else []
+            for (episode, call), response in zip(requests, responses):
+                if episode.done:
+                    continue  # an earlier call of this turn already failed
+                if isinstance(response, Failure):
+                    episode.fail(f"{self.responder.source}:{response.reason}")
+                else:
+                    episode.messages.append({"role": "tool", "name": call["name"], "response": response,
+                                             "source": self.responder.source})
+        for e in episodes:
+            if not e.done:
+                e.fail("turn_limit")
+            self._judge(e)
+        return episodes
+
+    def _act(self, live: list[Episode]) -> list[Episode]:
+        """One ACT turn for every live episode; returns those that made calls."""
+        tmpl = self.policy.template
+        prompts = [self.policy.encode(tmpl.act_prompt(e.task.tools, e.task.request, e.messages)) for e in live]
+        outputs = self.policy.generate(prompts, self.cfg.max_new_tokens, self.temperature, self.cfg.top_p, self.generator)
+        calling = []
+        for episode, prompt, ids in zip(live, prompts, outputs):
+            episode.generations.append(Generation(ACT, prompt, ids))
+            episode.tokens[ACT] += len(ids)
+            text = _text(self.policy, ids, self.cfg.max_new_tokens)
+            out = text if isinstance(text, Failure) else parse_act(text, episode.task.tools, self.cfg.max_calls_per_turn, tmpl.end)
+            if isinstance(out, Failure):
+                episode.fail(f"act:{out.reason}")
+            elif out.answer is not None:
+                episode.messages.append({"role": "act", "answer": out.answer})
+                episode.done = True
+            else:
+                episode.messages.append({"role": "act", "calls": out.calls})
+                calling.append(episode)
+        return calling
+
+    def _judge(self, episode: Episode) -> None:
+        """Success from the checklist; in the real environment, the final state too."""
+        expected = None
+        if isinstance(self.responder, RealResponder):
+            episode.final_state = self.responder.final_state(episode)
+            expected = get_domain(episode.task.domain).replay(episode.task).state()
+        episode.success = judge.success(episode.task, episode.calls, episode.answer, episode.final_state, expected)

@@ -1,0 +1,131 @@
+"""warmup — SFT of both roles on the real trajectories, until the rehearsal gate would pass.
+
+Trains up to `warmup.max_epochs`; after each epoch it measures rehearsal exact match on the
+validation split (privileged facts shown) and stops once every core tool reaches
+`gate.min_rehearsal_accuracy` (and at least `warmup.min_epochs` ran). Then ACT plays the
+held-out test tasks greedily in the real backends.
+
+Writes `models/warmup/` (safetensors + tokenizer), `metrics/warmup.json`
+({"epochs", "wall_s", "real_success", ...}), training curves as DVC plots
+(`plots/warmup_steps.csv`, `plots/warmup_epochs.csv`) and Lightning checkpoints in
+`checkpoints/warmup/`. Curves go to MLflow (the flow's stage run when the flow runs it).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+from envace.config import Params
+from envace.io import read_jsonl, write_csv, write_json
+from envace.stages.prepare import PREPARED, TOKENIZER
+
+MODEL_DIR = Path("models/warmup")
+METRICS = Path("metrics/warmup.json")
+STEP_PLOT = Path("plots/warmup_steps.csv")
+EPOCH_PLOT = Path("plots/warmup_epochs.csv")
+CHECKPOINTS = Path("checkpoints/warmup")
+
+
+def core_tools(per_tool: dict, min_examples: int) -> dict[str, float]:
+    """Exact match of the tools with enough held-out calls to be judged."""
+    return {tool: r["exact"] for tool, r in per_tool.items() if r["n"] >= min_examples}
+
+
+def run(params: Params) -> dict[str, Path]:
+    """Warm up both roles on real trajectories; stop once the rehearsal gate would pass."""
+    import lightning as L
+    import torch
+
+    from envace.domains.base import Task
+    from envace.evaluate.real import real_success
+    from envace.evaluate.rehearsal import rehearsal_accuracy
+    from envace.model import policy_for, save
+    from envace.rollout.runner import Policy
+    from envace.train.data import SFTDataset, collate, length_batches
+    from envace.train.warmup import StepCurve, WarmupModule
+
+    cfg, gate = params.warmup, params.gate
+    L.seed_everything(cfg.seed, verbose=False)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    model, tokenizer = policy_for(params.model, TOKENIZER)
+    policy = Policy(model, tokenizer)
+    train = list(read_jsonl(PREPARED / "train.jsonl"))
+    val = list(read_jsonl(PREPARED / "val.jsonl"))
+    test_tasks = [Task.from_dict(e["task"]) for e in read_jsonl(PREPARED / "test.jsonl")]
+    if cfg.eval_tasks:
+        test_tasks = test_tasks[: cfg.eval_tasks]
+
+    dataset = SFTDataset(train, policy.template, tokenizer, params.roles.privileged_dropout, cfg.seed)
+    rng = random.Random(cfg.seed)
+
+    class LengthBatches(torch.utils.data.Sampler):
+        def __iter__(self):
+            return iter(length_batches([len(x) for x, _ in dataset.examples], cfg.batch_size, rng))
+
+        def __len__(self):
+            return -(-len(dataset) // cfg.batch_size)
+
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=LengthBatches(),
+                                         collate_fn=lambda b: collate(b, policy.pad_id))
+    module = WarmupModule(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, len(loader) * cfg.max_epochs, cfg.lambda_env)
+    epochs: list[dict] = []
+    start = time.perf_counter()
+
+    class GateWatch(L.Callback):
+        """After each epoch: rehearsal accuracy on val; stop once the gate would pass."""
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            model.eval()
+            acc = rehearsal_accuracy(policy, val, privileged=True, max_new_tokens=params.rollout.max_new_tokens)
+            model.train()
+            core = core_tools(acc["per_tool"], gate.min_tool_examples)
+            passes = bool(core) and min(core.values()) >= gate.min_rehearsal_accuracy
+            epochs.append({"epoch": trainer.current_epoch + 1, "val_rehearsal_exact": acc["exact"],
+                           "val_rehearsal_field": acc["field"], "val_min_core_tool": min(core.values(), default=0.0),
+                           "seconds": round(time.perf_counter() - start, 1)})
+            pl_module.log_dict({"val/rehearsal_exact": acc["exact"], "val/min_core_tool": epochs[-1]["val_min_core_tool"]})
+            print(f"epoch {trainer.current_epoch + 1}: val rehearsal exact {acc['exact']:.3f}, weakest core tool "
+                  f"{epochs[-1]['val_min_core_tool']:.3f}{' — gate would pass' if passes else ''}", flush=True)
+            if passes and trainer.current_epoch + 1 >= cfg.min_epochs:
+                trainer.should_stop = True
+            dataset.resample(trainer.current_epoch + 1)  # redraw the privileged dropout
+
+    trainer = L.Trainer(
+        max_epochs=cfg.max_epochs, accelerator="auto", precision="bf16-mixed" if torch.cuda.is_available() else "32-true",
+        logger=_logger(), callbacks=[GateWatch(), StepCurve(STEP_PLOT), L.pytorch.callbacks.ModelCheckpoint(
+            dirpath=CHECKPOINTS, save_last=True, save_top_k=0)],
+        reload_dataloaders_every_n_epochs=1, log_every_n_steps=10, num_sanity_val_steps=0,
+    )
+    trainer.fit(module, loader)
+    wall = time.perf_counter() - start
+    model.eval()
+    save(model, tokenizer, MODEL_DIR)
+    real = real_success(policy, test_tasks, params.rollout)
+    write_csv(EPOCH_PLOT, epochs)
+    write_json(METRICS, {
+        "epochs": len(epochs), "wall_s": round(wall, 1), "real_success": real["success"], "real": real,
+        "per_epoch": epochs, "stopped_by": "gate" if len(epochs) < cfg.max_epochs else "max_epochs",
+    })
+    print(f"warmup: {len(epochs)} epoch(s) in {wall:.0f}s; ACT greedy real success {real['success']:.3f} "
+          f"on {real['n']} held-out tasks", flush=True)
+    return {"model": MODEL_DIR, "metrics": METRICS, "plots": EPOCH_PLOT}
+
+
+def _logger():
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from envace.tracking import EXPERIMENT, artifact_location, tracking_uri
+
+    root = Path.cwd()
+    return MLFlowLogger(experiment_name=EXPERIMENT, tracking_uri=tracking_uri(root), run_name="warmup",
+                        run_id=os.environ.get("ENVACE_MLFLOW_RUN_ID"), artifact_location=artifact_location(root),
+                        log_model=False)
+
+
+if __name__ == "__main__":
+    from envace.stages import main
+
+    main("warmup", run)

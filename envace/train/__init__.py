@@ -1,0 +1,1 @@
+"""Training: the warmup SFT LightningModule and (later) role-wise GRPO."""

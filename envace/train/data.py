@@ -1,0 +1,87 @@
+"""Supervised examples from real trajectories: token ids plus ACT / REHEARSE role masks.
+
+Per episode: one ACT sequence (the whole conversation, every ACT output a target) and one
+REHEARSE sequence (every recorded call with its real response, each response a target).
+The privileged facts of each call are dropped with probability `privileged_dropout`,
+redrawn each epoch.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from envace.domains import get_domain
+from envace.roles import encode
+
+
+def recorded_calls(episode: dict) -> list[tuple[dict, dict]]:
+    """(call, real response) for every recorded call of an episode, in order."""
+    msgs, out = episode["messages"], []
+    offered = {t["function"]["name"] for t in episode["task"]["tools"]}
+    for j, m in enumerate(msgs):
+        if m["role"] == "act" and "calls" in m:
+            replies = [r for r in msgs[j + 1 : j + 1 + len(m["calls"])] if r["role"] == "tool"]
+            out += [(c, r["response"]) for c, r in zip(m["calls"], replies) if c["name"] in offered]
+    return out
+
+
+def fact_source(task: dict):
+    """A backend built from the task's scenario, used only to read facts: it never executes."""
+    return get_domain(task["domain"]).backend(task["scenario"])
+
+
+def episode_examples(episode: dict, template, tokenizer, rng: random.Random, privileged_dropout: float):
+    """[(ids, roles)] for one episode: its ACT conversation and its REHEARSE conversation."""
+    task = episode["task"]
+    out = [encode(tokenizer, template.act(task["tools"], task["request"], episode["messages"]))]
+    recorded = recorded_calls(episode)
+    if recorded:
+        facts = fact_source(task)
+        steps = [(c, None if rng.random() < privileged_dropout else facts.facts(c), r) for c, r in recorded]
+        out.append(encode(tokenizer, template.rehearse(task["tools"], task["request"], steps)))
+    return out
+
+
+class SFTDataset(torch.utils.data.Dataset):
+    """Examples for one epoch; call `resample(epoch)` to redraw the privileged dropout."""
+
+    def __init__(self, episodes: list[dict], template, tokenizer, privileged_dropout: float, seed: int = 0,
+                 max_len: int = 1024):
+        self.episodes, self.template, self.tokenizer = episodes, template, tokenizer
+        self.dropout, self.seed, self.max_len = privileged_dropout, seed, max_len
+        self.resample(0)
+
+    def resample(self, epoch: int) -> None:
+        rng = random.Random(f"{self.seed}-{epoch}")
+        self.examples = [
+            (ids[: self.max_len], roles[: self.max_len])
+            for ep in self.episodes
+            for ids, roles in episode_examples(ep, self.template, self.tokenizer, rng, self.dropout)
+        ]
+
+    def __len__(self):
+        return len(self.examples)
+
+    def __getitem__(self, i):
+        return self.examples[i]
+
+
+def collate(batch, pad_id: int):
+    """Right-padded batch: input_ids [B, T], attention_mask [B, T], roles [B, T] (0 where padded)."""
+    T = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
+    roles = torch.zeros((len(batch), T), dtype=torch.long)
+    mask = torch.zeros((len(batch), T), dtype=torch.long)
+    for i, (x, r) in enumerate(batch):
+        ids[i, : len(x)], roles[i, : len(r)], mask[i, : len(x)] = torch.tensor(x), torch.tensor(r), 1
+    return {"input_ids": ids, "attention_mask": mask, "roles": roles}
+
+
+def length_batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Batches of similar length (little padding), in random order."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return batches

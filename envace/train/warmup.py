@@ -1,0 +1,60 @@
+"""Warmup: supervised fine-tuning of both roles on real trajectories (LightningModule).
+
+Loss = L_act + lambda_env * L_rehearse, each the mean NLL over the tokens that role wrote
+in the real logs; every other token (prompt, tool responses as context, padding) is
+masked out. AdamW with linear warmup then cosine decay.
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+
+from envace.io import write_csv
+from envace.train.losses import warmup_loss
+
+
+class WarmupModule(L.LightningModule):
+    def __init__(self, model, lr: float, weight_decay: float, warmup_steps: int, total_steps: int, lambda_env: float):
+        super().__init__()
+        self.model = model
+        self.lr, self.weight_decay = lr, weight_decay
+        self.warmup_steps, self.total_steps, self.lambda_env = warmup_steps, max(total_steps, 1), lambda_env
+
+    def training_step(self, batch, batch_idx):
+        parts = warmup_loss(self.model, batch, self.lambda_env)
+        n = batch["input_ids"].shape[0]
+        self.log("train/loss", parts["loss"], prog_bar=True, batch_size=n)
+        self.log("train/act_loss", parts["act"], prog_bar=True, batch_size=n)
+        self.log("train/rehearse_loss", parts["rehearse"], prog_bar=True, batch_size=n)
+        return parts["loss"]
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay, betas=(0.9, 0.98))
+
+        def schedule(step: int) -> float:
+            if step < self.warmup_steps:
+                return (step + 1) / self.warmup_steps
+            progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class StepCurve(L.Callback):
+    """Losses every 10 steps → a CSV that DVC shows as a plot."""
+
+    def __init__(self, path):
+        self.path, self.rows = path, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step % 10 == 0:
+            m = trainer.callback_metrics
+            self.rows.append({"step": trainer.global_step, "act_loss": round(float(m["train/act_loss"]), 4),
+                              "rehearse_loss": round(float(m["train/rehearse_loss"]), 4)})
+
+    def on_train_end(self, trainer, pl_module):
+        write_csv(self.path, self.rows)

@@ -1,0 +1,129 @@
+"""Models (embedded default, any local HF checkpoint) and the warmup loss masking."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from envace.config import ModelConfig
+from envace.roles import ROLE_IDS
+
+
+@pytest.fixture(scope="module")
+def tokenizer(prepared_dir):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(prepared_dir / "data/prepared/tokenizer")
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    from envace.model import build_default
+
+    return build_default(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tokenizer)
+
+
+def test_embedded_default_follows_params_and_tokenizer(model, tokenizer):
+    assert model.config.vocab_size == len(tokenizer)
+    assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 2
+
+
+def test_save_and_load_round_trip_as_safetensors(model, tokenizer, tmp_path):
+    from envace.model import load, save
+
+    save(model, tokenizer, tmp_path / "m")
+    assert (tmp_path / "m" / "model.safetensors").exists() and (tmp_path / "m" / "tokenizer.json").exists()
+    loaded, tok = load(tmp_path / "m")
+    x = torch.tensor([[5, 6, 7, 8]])
+    torch.testing.assert_close(loaded(x).logits, model(x).logits)
+    assert tok.padding_side == "left" and len(tok) == len(tokenizer)
+
+
+def test_any_local_hf_checkpoint_loads_and_runs_episodes(tmp_path, prepared_dir):
+    """A tiny random Qwen2 checkpoint with a chat template, saved to a temp dir, loaded by path."""
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    from envace.config import RolloutConfig
+    from envace.data.demonstrations import generate_tasks
+    from envace.domains import get_domain
+    from envace.model import load
+    from envace.roles import ChatTemplate
+    from envace.rollout.runner import EpisodeRunner, ModelResponder, Policy
+    from tests.test_roles import CHATML
+
+    tok = PreTrainedTokenizerFast.from_pretrained(prepared_dir / "data/prepared/tokenizer")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = CHATML
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048)
+    Qwen2ForCausalLM(cfg).save_pretrained(tmp_path / "qwen")
+    tok.save_pretrained(tmp_path / "qwen")
+
+    model, loaded_tok = load(tmp_path / "qwen")
+    policy = Policy(model.eval(), loaded_tok)
+    assert isinstance(policy.template, ChatTemplate) and policy.stop_id == loaded_tok.convert_tokens_to_ids("<|im_end|>")
+    cfg = RolloutConfig(max_turns=2, max_new_tokens=8, batch_size=4)
+    episodes = EpisodeRunner(policy, ModelResponder(policy, cfg), cfg).run(generate_tasks(get_domain("bank"), 4, 0))
+    assert all(e.done for e in episodes)
+
+
+def test_loading_a_directory_that_is_not_a_checkpoint_is_a_clear_error(tmp_path):
+    from envace.model import load
+
+    with pytest.raises(FileNotFoundError, match="not a Hugging Face checkpoint"):
+        load(tmp_path)
+
+
+def _batch():
+    torch.manual_seed(0)
+    ids = torch.randint(20, 200, (2, 12))
+    roles = torch.zeros_like(ids)
+    roles[0, 4:7] = ROLE_IDS["act"]
+    roles[1, 8:11] = ROLE_IDS["rehearse"]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "roles": roles}
+
+
+def test_role_losses_train_only_on_tokens_that_role_wrote(model):
+    from envace.train.losses import role_nll
+
+    batch = _batch()
+    parts = role_nll(model, **batch)
+    logits = model(input_ids=batch["input_ids"]).logits[:, :-1]
+    nll = F.cross_entropy(logits.transpose(1, 2), batch["input_ids"][:, 1:], reduction="none")  # [B, T-1]
+    target_roles = batch["roles"][:, 1:]
+    torch.testing.assert_close(parts["act"], nll[target_roles == ROLE_IDS["act"]].mean())
+    torch.testing.assert_close(parts["rehearse"], nll[target_roles == ROLE_IDS["rehearse"]].mean())
+    assert parts["act_tokens"] == 3 and parts["rehearse_tokens"] == 3
+
+
+def test_context_tokens_get_no_gradient_from_their_own_prediction(model):
+    """Changing a context token's *value* where nothing downstream is a target changes nothing."""
+    from envace.train.losses import warmup_loss
+
+    batch = _batch()
+    base = warmup_loss(model, batch, lambda_env=0.5)["loss"]
+    # token 11 of row 0 comes after every target of row 0, token 11 of row 1 likewise
+    changed = {k: v.clone() for k, v in batch.items()}
+    changed["input_ids"][:, 11] = 7
+    torch.testing.assert_close(warmup_loss(model, changed, lambda_env=0.5)["loss"], base)
+
+
+def test_lambda_env_weights_the_rehearse_loss(model):
+    from envace.train.losses import warmup_loss
+
+    batch = _batch()
+    a, b = warmup_loss(model, batch, 0.0), warmup_loss(model, batch, 2.0)
+    torch.testing.assert_close(a["loss"], a["act"])
+    torch.testing.assert_close(b["loss"], b["act"] + 2.0 * b["rehearse"])
+
+
+def test_no_targets_means_zero_loss_and_zero_gradient(model):
+    from envace.train.losses import warmup_loss
+
+    batch = _batch()
+    batch["roles"].zero_()
+    model.zero_grad()
+    loss = warmup_loss(model, batch, 1.0)["loss"]
+    loss.backward()
+    assert loss.item() == 0.0
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())

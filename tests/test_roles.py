@@ -1,0 +1,139 @@
+import json
+
+import pytest
+
+from envace.roles import (
+    ACT, REHEARSE, ROLE_IDS, ActOutput, ChatTemplate, Failure, MinimalTemplate, canonical, encode, parse_act,
+    parse_rehearse, signature,
+)
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(prepared_dir):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(prepared_dir / "data/prepared/tokenizer")
+
+
+@pytest.fixture(scope="module")
+def episode(prepared_dir):
+    from envace.io import read_jsonl
+
+    return next(e for e in read_jsonl(prepared_dir / "data/prepared/train.jsonl")
+                if sum("calls" in m for m in e["messages"]) >= 2)
+
+
+def _spans(tokenizer, ids, roles, role):
+    """The decoded text of each maximal run of tokens written by `role`."""
+    out, run = [], []
+    for i, r in zip(ids, roles):
+        if r == ROLE_IDS[role]:
+            run.append(i)
+        elif run:
+            out.append(tokenizer.decode(run)); run = []
+    return out + ([tokenizer.decode(run)] if run else [])
+
+
+def test_act_sequence_trains_exactly_on_act_outputs(tokenizer, episode):
+    t = MinimalTemplate()
+    task = episode["task"]
+    ids, roles = encode(tokenizer, t.act(task["tools"], task["request"], episode["messages"]))
+    acts = [m for m in episode["messages"] if m["role"] == "act"]
+    spans = _spans(tokenizer, ids, roles, ACT)
+    assert len(spans) == len(acts)
+    for span, m in zip(spans, acts):
+        assert span.endswith("<|end|>")
+        parsed = parse_act(span, task["tools"], 5)
+        assert parsed == (ActOutput(calls=m["calls"]) if "calls" in m else ActOutput(answer=m["answer"]))
+    assert ROLE_IDS[REHEARSE] not in roles
+    # tool responses and the request are context, never targets
+    context = tokenizer.decode([i for i, r in zip(ids, roles) if r == 0])
+    assert task["request"] in context
+    for m in episode["messages"]:
+        if m["role"] == "tool":
+            assert json.dumps(m["response"], separators=(",", ":")) in context
+
+
+def test_rehearse_sequence_trains_exactly_on_the_responses(tokenizer, episode):
+    from envace.train.data import fact_source, recorded_calls
+
+    t = MinimalTemplate()
+    task = episode["task"]
+    recorded = recorded_calls(episode)
+    facts = fact_source(task)
+    steps = [(c, facts.facts(c), r) for c, r in recorded]
+    ids, roles = encode(tokenizer, t.rehearse(task["tools"], task["request"], steps))
+    spans = _spans(tokenizer, ids, roles, REHEARSE)
+    assert [parse_rehearse(s) for s in spans] == [r for _, r in recorded]
+    text = tokenizer.decode(ids)
+    assert text.count("<|facts|>") == len(recorded)
+    # the prompt for call k is exactly the training sequence's prefix
+    k = len(recorded) - 1
+    prompt_ids, _ = encode(tokenizer, t.rehearse(task["tools"], task["request"], steps[:k] + [(steps[k][0], steps[k][1], None)], train=False))
+    assert ids[: len(prompt_ids)] == prompt_ids
+    hidden = [(c, None, r) for c, r in recorded]
+    assert "<|facts|>" not in tokenizer.decode(encode(tokenizer, t.rehearse(task["tools"], task["request"], hidden))[0])
+
+
+def test_chat_template_is_used_when_the_tokenizer_has_one(tokenizer, episode):
+    from envace.roles import template_for
+
+    chat_tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    chat_tok.chat_template = CHATML
+    tmpl = template_for(chat_tok)
+    assert isinstance(tmpl, ChatTemplate)
+    task = episode["task"]
+    ids, roles = encode(chat_tok, tmpl.act(task["tools"], task["request"], episode["messages"]))
+    spans = _spans(chat_tok, ids, roles, ACT)
+    assert len(spans) == sum(m["role"] == "act" for m in episode["messages"])
+    assert all(s.endswith("<|im_end|>\n") for s in spans)
+    assert isinstance(parse_act(spans[0], task["tools"], 5, end="<|im_end|>"), ActOutput)
+    prompt = chat_tok.decode(encode(chat_tok, tmpl.act_prompt(task["tools"], task["request"], []))[0])
+    assert prompt.endswith("<|im_start|>assistant\n")
+
+
+TOOLS = [
+    {"type": "function", "risk": "low", "preconditions": [],
+     "function": {"name": "get_balance", "description": "", "parameters": {
+         "type": "object", "properties": {"account_id": {"type": "string"}}, "required": ["account_id"],
+         "additionalProperties": False}}},
+]
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("", "act_not_json"),
+    ("qz ;; random words", "act_not_json"),
+    ('[{"name":"get_balance","arguments":{"account_id":"A1"', "act_not_json"),
+    ("42", "act_not_calls_or_answer"),
+    ("[]", "act_not_calls_or_answer"),
+    ('{"answer": 3}', "act_not_calls_or_answer"),
+    ('[{"name":"launch","arguments":{}}]', "unknown_tool"),
+    ('[{"name":"get_balance","arguments":{"account_id":7}}]', "invalid_arguments"),
+    ('[{"name":"get_balance","arguments":{}}]', "invalid_arguments"),
+    ('[{"name":"get_balance"}]', "malformed_call"),
+    ('[{"name":"get_balance","arguments":{"account_id":"A1"},"x":1}]', "malformed_call"),
+    ('[' + ','.join(['{"name":"get_balance","arguments":{"account_id":"A1"}}'] * 4) + ']', "too_many_calls"),
+])
+def test_malformed_act_output_is_a_failure_with_its_reason(text, reason):
+    out = parse_act(text, TOOLS, max_calls=3)
+    assert isinstance(out, Failure) and out.reason == reason
+
+
+def test_valid_act_outputs_parse():
+    calls = parse_act('[{"name":"get_balance","arguments":{"account_id":"A1"}}]<|end|>', TOOLS, 3)
+    assert calls == ActOutput(calls=[{"name": "get_balance", "arguments": {"account_id": "A1"}}])
+    assert parse_act('{"answer":"It is 12."}<|end|>', TOOLS, 3) == ActOutput(answer="It is 12.")
+
+
+@pytest.mark.parametrize("text, ok", [('{"a":1}<|end|>', True), ('[1]', False), ('{"a":', False), ("", False)])
+def test_rehearse_output_must_be_one_json_object(text, ok):
+    assert isinstance(parse_rehearse(text), dict) is ok
+
+
+def test_canonical_json_ignores_key_order():
+    assert canonical({"b": 1, "a": [1, {"d": 2, "c": 3}]}) == canonical({"a": [1, {"c": 3, "d": 2}], "b": 1})

@@ -1,0 +1,160 @@
+"""Generation, the episode runner with its three responders, caps and fuzzed outputs."""
+
+import random
+
+import pytest
+import torch
+
+from envace.config import ModelConfig, RolloutConfig
+from envace.data.demonstrations import generate_tasks
+from envace.domains import get_domain
+from envace.roles import ACT, REHEARSE
+from envace.rollout.generate import generate
+from envace.rollout.runner import EpisodeRunner, ModelResponder, Policy, RealResponder
+
+
+@pytest.fixture(scope="module")
+def tokenizer(prepared_dir):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(prepared_dir / "data/prepared/tokenizer")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tokenizer):
+    from envace.model import build_default
+
+    return build_default(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tokenizer).eval()
+
+
+def test_batched_generation_matches_hf_generate_greedy(tiny_model):
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18]]
+    # pick a stop token that one row really produces, so rows finish at different steps
+    first = generate(tiny_model, prompts, 6, stop_id=-1, pad_id=0)
+    stop = first[1][2]
+    outs = generate(tiny_model, prompts, 6, stop_id=stop, pad_id=0)
+    for p, o in zip(prompts, outs):
+        ref = tiny_model.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, eos_token_id=stop,
+                                  pad_token_id=0)[0, len(p):].tolist()
+        assert o == ref[: len(o)] and (o[-1] == stop or len(o) == 6)
+    assert any(o[-1] == stop and len(o) < 6 for o in outs)
+
+
+def test_sampling_is_seeded(tiny_model):
+    g = lambda s: generate(tiny_model, [[5, 6, 7]] * 4, 5, -1, 0, 1.0, 0.9, torch.Generator().manual_seed(s))  # noqa: E731
+    assert g(1) == g(1)
+    assert g(1) != g(2)
+
+
+class ScriptedPolicy(Policy):
+    """A policy whose generations come from a function of the prompt text (for fuzzing)."""
+
+    def __init__(self, tokenizer, write):
+        super().__init__(model=None, tokenizer=tokenizer)
+        self.write = write
+
+    def generate(self, prompts, max_new_tokens, temperature, top_p, generator):
+        outs = []
+        for p in prompts:
+            text = self.write(self.decode(p))
+            ids = self.tokenizer.encode(text, add_special_tokens=False)[:max_new_tokens]
+            outs.append(ids)
+        return outs
+
+
+CFG = RolloutConfig(max_turns=4, max_calls_per_turn=2, max_new_tokens=40, batch_size=8)
+
+
+def _tasks(name, n=8):
+    return generate_tasks(get_domain(name), n, seed=0)
+
+
+FUZZ = [
+    ("random text", lambda rng: "".join(rng.choice("ab{}[]\":, xyz0") for _ in range(rng.randint(0, 30))) + "<|end|>"),
+    ("truncated JSON", lambda rng: '[{"name":"find_account","arguments":{"owner":'),
+    ("unknown tool", lambda rng: '[{"name":"rm_rf","arguments":{}}]<|end|>'),
+    ("wrong argument type", lambda rng: '[{"name":"find_account","arguments":{"owner":12}}]<|end|>'),
+    ("no stop token", lambda rng: '{"answer":"x"}'),
+    ("too many calls", lambda rng: "[" + ",".join(['{"name":"find_account","arguments":{"owner":"Bob"}}'] * 3) + "]<|end|>"),
+]
+
+
+@pytest.mark.parametrize("kind, write", FUZZ, ids=[k for k, _ in FUZZ])
+def test_fuzzed_act_generations_are_recorded_failed_steps(tokenizer, kind, write):
+    rng = random.Random(0)
+    policy = ScriptedPolicy(tokenizer, lambda prompt: write(rng))
+    episodes = EpisodeRunner(policy, RealResponder(), CFG).run(_tasks("bank"))
+    for e in episodes:
+        assert e.done and not e.success
+        assert e.failure.startswith("act:"), e.failure
+        assert e.messages[-1]["role"] == "failed_step"
+
+
+def test_fuzzed_rehearsals_are_recorded_failed_steps(tokenizer):
+    def write(prompt):
+        if prompt.endswith("<|rehearse|>"):
+            return '{"account_id":"A1",<|end|>'  # broken JSON from REHEARSE
+        return '[{"name":"find_account","arguments":{"owner":"Bob"}}]<|end|>'
+
+    policy = ScriptedPolicy(tokenizer, write)
+    responder = ModelResponder(policy, CFG)
+    episodes = EpisodeRunner(policy, responder, CFG).run(_tasks("bank"))
+    assert all(e.failure == "rehearsed:rehearse_not_json" for e in episodes)
+    assert all(e.real_calls == 0 for e in episodes)
+
+
+def test_rehearsed_episode_runs_without_touching_the_real_backend(tokenizer):
+    def write(prompt):
+        if prompt.endswith("<|rehearse|>"):
+            return '{"account_id":"A42"}<|end|>'
+        if "A42" in prompt:
+            return '{"answer":"done"}<|end|>'
+        return '[{"name":"find_account","arguments":{"owner":"Bob"}},{"name":"find_account","arguments":{"owner":"Al"}}]<|end|>'
+
+    policy = ScriptedPolicy(tokenizer, write)
+    episodes = EpisodeRunner(policy, ModelResponder(policy, CFG), CFG).run(_tasks("bank"))
+    for e in episodes:
+        assert e.failure is None and e.answer == "done" and e.real_calls == 0
+        sources = [m["source"] for m in e.messages if m["role"] == "tool"]
+        assert sources == ["rehearsed", "rehearsed"]
+        roles = [g.role for g in e.generations]
+        assert roles == [ACT, REHEARSE, REHEARSE, ACT]
+        assert e.tokens[ACT] > 0 and e.tokens[REHEARSE] > 0
+        for ids, act_mask, reh_mask in e.role_masks():
+            assert len(ids) == len(act_mask) == len(reh_mask)
+            assert not any(a and r for a, r in zip(act_mask, reh_mask))
+        ids, act_mask, _ = e.role_masks()[0]
+        assert policy.decode([i for i, m in zip(ids, act_mask) if m]).startswith('[{"name":"find_account"')
+
+
+def test_turn_cap_is_enforced(tokenizer):
+    policy = ScriptedPolicy(tokenizer, lambda p: '[{"name":"find_account","arguments":{"owner":"Bob"}}]<|end|>')
+    episodes = EpisodeRunner(policy, RealResponder(), CFG).run(_tasks("bank", 3))
+    for e in episodes:
+        assert e.failure == "turn_limit"
+        assert sum(m["role"] == "act" for m in e.messages) == CFG.max_turns
+        assert e.real_calls == CFG.max_turns
+
+
+def test_real_responder_counts_calls_and_judges_with_state(tokenizer):
+    task = next(t for t in _tasks("bank", 6) if t.task_type == "balance_inquiry")
+    gt = task.checklist.ground_truth
+    acc = gt[-1][0]["arguments"]["account_id"]
+    balance = next(a["balance"] for a in task.scenario["accounts"] if a["account_id"] == acc)
+    import json
+
+    def write(prompt):
+        turns = prompt.count("<|tool|>")
+        if turns < len(gt):
+            return json.dumps(gt[turns], separators=(",", ":")) + "<|end|>"
+        return json.dumps({"answer": f"It is {balance}."}) + "<|end|>"
+
+    (e,) = EpisodeRunner(ScriptedPolicy(tokenizer, write), RealResponder(), CFG).run([task])
+    assert e.success and e.real_calls == sum(len(t) for t in gt) and e.final_state is not None
+
+
+def test_policy_model_runs_real_episodes_end_to_end(tokenizer, tiny_model):
+    """An untrained model produces garbage; the runner records it and never crashes."""
+    policy = Policy(tiny_model, tokenizer)
+    episodes = EpisodeRunner(policy, ModelResponder(policy, CFG), CFG, temperature=1.0).run(_tasks("trading", 6))
+    assert all(e.done and e.failure for e in episodes)
