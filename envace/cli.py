@@ -39,13 +39,23 @@ def where_to_look(root: Path, summary: dict) -> str:
         lines.append(f"demonstrator success (real backends): {rate:.1%}")
     if data.exists():
         lines.append(f"splits: {json.loads(data.read_text())['splits']}")
+    warmup, rehearsal = root / "metrics" / "warmup.json", root / "metrics" / "rehearsal.json"
+    if warmup.exists():
+        w = json.loads(warmup.read_text())
+        lines.append(f"warmup: {w['epochs']} epoch(s), {w['wall_s']:.0f}s; ACT greedy success in the real backends "
+                     f"{w['real_success']:.1%} on {w['real']['n']} held-out tasks")
+    if rehearsal.exists():
+        r = json.loads(rehearsal.read_text())
+        lines.append(f"rehearsal exact match: {r['overall']:.1%} with privileged facts, "
+                     f"{r['overall_without_privileged']:.1%} without (gate {r['threshold']}: "
+                     f"{'passed' if r['passed'] else 'FAILED'})")
     lines += [
         "",
         "Where to look:",
         f"  MLflow UI:   .venv/bin/mlflow ui --backend-store-uri {tracking_uri(root)}  (runs under experiment 'envace')",
         f"  Prefect UI:  PREFECT_HOME={root}/.prefect .venv/bin/prefect server start  (flow 'envace', artifacts)",
         "  DVC:         .venv/bin/dvc metrics show; dvc.lock pins every output",
-        "  Reports:     reports/data_validation.md; metrics/*.json",
+        "  Reports:     reports/*.md; metrics/*.json; plots: .venv/bin/dvc plots show",
     ]
     return "\n".join(lines)
 

@@ -78,10 +78,10 @@ class ModelConfig(Section):
 
     source: str = "embedded"
     """`embedded`, or the path of a local Hugging Face checkpoint directory."""
-    hidden_size: int = Field(192, gt=0)
-    num_layers: int = Field(4, gt=0)
-    num_heads: int = Field(3, gt=0)
-    intermediate_size: int = Field(512, gt=0)
+    hidden_size: int = Field(128, gt=0)
+    num_layers: int = Field(2, gt=0)
+    num_heads: int = Field(4, gt=0)
+    intermediate_size: int = Field(384, gt=0)
     max_position_embeddings: int = Field(1024, gt=0)
     seed: int = 0
 
@@ -111,16 +111,17 @@ class RolloutConfig(Section):
 class WarmupConfig(Section):
     """SFT of both roles on the real trajectories from `collect`."""
 
-    max_epochs: int = Field(6, gt=0)
-    min_epochs: int = Field(1, gt=0)
+    max_epochs: int = Field(16, gt=0)
+    min_epochs: int = Field(10, gt=0)
     """Train at least this many epochs even if the rehearsal gate would already pass."""
-    batch_size: int = Field(32, gt=0)
-    lr: float = Field(3e-3, gt=0)
+    batch_size: int = Field(16, gt=0)
+    lr: float = Field(1e-2, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(50, ge=0)
+    warmup_steps: int = Field(100, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
     lambda_env: float = Field(1.0, ge=0)
     """Weight of the REHEARSE loss relative to the ACT loss."""
-    eval_tasks: int = Field(0, ge=0)
+    eval_tasks: int = Field(240, ge=0)
     """Held-out tasks for ACT's real success after warmup (0 = the whole test split)."""
     seed: int = 0
 

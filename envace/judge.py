@@ -74,3 +74,50 @@ def failures(
 def success(task: Task, calls: list[Call], answer: str | None, final_state: Any = None, expected_state: Any = None) -> bool:
     """Binary reward: 1 when no checklist rule is broken."""
     return not failures(task, calls, answer, final_state, expected_state)
+
+
+def _items(task: Task, calls: list[Call], answer: str | None) -> list[bool]:
+    """One bool per checklist item: each required call, each forbidden call avoided, each
+    answer fact, and "no unrequested high-risk call"."""
+    cl = task.checklist
+    high = {t["function"]["name"] for t in task.tools if t.get("risk") == "high"}
+    return (
+        [any(call_matches(m, c) for m in calls) for c in cl.required_calls]
+        + [not any(call_matches(m, c) for m in calls) for c in cl.forbidden_calls]
+        + [states_fact(answer, f) for f in cl.final_answer]
+        + [all(any(call_matches(m, c) for c in cl.required_calls) for m in calls if m.get("name") in high)]
+    )
+
+
+def fraction(task: Task, calls: list[Call], answer: str | None) -> float:
+    """Share of checklist items met (a denser, gameable signal: an option, not the default).
+
+    >>> from envace.domains.base import Checklist, Task
+    >>> t = Task("t", "d", "x", "r", [], {}, Checklist([{"name": "a"}], final_answer=["7"]))
+    >>> fraction(t, [{"name": "a", "arguments": {}}], "It is 8.")
+    0.6666666666666666
+    """
+    items = _items(task, calls, answer)
+    return sum(items) / len(items)
+
+
+def process_rewards(task: Task, steps: list[list[Call]]) -> list[float]:
+    """Per ACT step: the share of required calls made so far; 0 from the step on which a
+    forbidden or unrequested high-risk call is made (partial credit for long tasks).
+
+    >>> from envace.domains.base import Checklist, Task
+    >>> t = Task("t", "d", "x", "r", [], {}, Checklist([{"name": "a"}, {"name": "b"}], [{"name": "z"}]))
+    >>> process_rewards(t, [[{"name": "a"}], [{"name": "b"}]])
+    [0.5, 1.0]
+    >>> process_rewards(t, [[{"name": "a"}], [{"name": "z"}], [{"name": "b"}]])
+    [0.5, 0.0, 0.0]
+    """
+    cl, made, out, broken = task.checklist, [], [], False
+    required = cl.required_calls or [None]
+    for step in steps:
+        made += step
+        items = _items(task, made, None)
+        n_req, n_forb = len(cl.required_calls), len(cl.forbidden_calls)
+        broken = broken or not all(items[n_req : n_req + n_forb]) or not items[-1]
+        out.append(0.0 if broken else sum(items[:n_req]) / len(required) if cl.required_calls else 1.0)
+    return out

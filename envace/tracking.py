@@ -44,22 +44,30 @@ def pipeline_run(root: Path, run_name: str, tags: dict[str, str]):
         yield run
 
 
-def log_stage(parent, stage: str, params: dict, metrics: dict, tags: dict, artifacts: list[Path] = ()) -> str:
-    """A run for one stage nested under `parent` (the pipeline run); returns its run id."""
+@contextmanager
+def stage_run(parent, stage: str):
+    """A run for one stage nested under `parent` (the pipeline run); stages may log into it
+    from their own process through ENVACE_MLFLOW_RUN_ID (e.g. Lightning's training curves)."""
     import mlflow
 
-    with mlflow.start_run(
-        experiment_id=parent.info.experiment_id, parent_run_id=parent.info.run_id, nested=True,
-        run_name=stage, tags={"stage": stage, **tags},
-    ) as run:
-        if params:
-            mlflow.log_params({k: _param_value(v) for k, v in params.items()})
-        if metrics:
-            mlflow.log_metrics(metrics)
-        for path in artifacts:
-            if Path(path).is_file():
-                mlflow.log_artifact(str(path))
-        return run.info.run_id
+    with mlflow.start_run(experiment_id=parent.info.experiment_id, parent_run_id=parent.info.run_id, nested=True,
+                          run_name=stage, tags={"stage": stage}) as run:
+        yield run
+
+
+def log_to_run(params: dict, metrics: dict, tags: dict, artifacts=()) -> None:
+    """Params, metrics, tags and files for the active run."""
+    import mlflow
+
+    if params:
+        mlflow.log_params({k: _param_value(v)[:6000] for k, v in params.items()})
+    if metrics:
+        mlflow.log_metrics(metrics)
+    if tags:
+        mlflow.set_tags(tags)
+    for path in artifacts:
+        if Path(path).is_file():
+            mlflow.log_artifact(str(path))
 
 
 def _param_value(value) -> str:

@@ -42,10 +42,12 @@ def pipeline_stages(root: Path) -> dict[str, dict]:
 
 
 @task(name="dvc-repro", task_run_name="{stage}")
-def reproduce(stage: str, root: Path) -> dict:
+def reproduce(stage: str, root: Path, mlflow_run_id: str) -> dict:
     """`dvc repro <stage>`; returns whether it ran (vs. up to date) and how long it took."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # stage cmds use this python
+    env["ENVACE_MLFLOW_RUN_ID"] = mlflow_run_id  # stages log curves into their nested run
+    env["MLFLOW_TRACKING_URI"] = tracking.tracking_uri(root)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "dvc", "repro", stage], cwd=root, env=env,
                           capture_output=True, text=True)
@@ -84,14 +86,15 @@ def _stage_metrics(spec: dict, root: Path) -> dict:
     return out
 
 
-def _publish_gate(stage: str, root: Path) -> str | None:
+def _record_gate(stage: str, root: Path, summary: dict) -> None:
+    """Publish a gate's report as a Prefect markdown artifact and note its verdict."""
     if stage not in GATES:
-        return None
+        return
     key, report = GATES[stage]
     path = root / report
     body = path.read_text() if path.exists() else f"# {stage}\n\nNo report was written."
     create_markdown_artifact(body, key=key, description=f"{stage} gate result")
-    return body.splitlines()[0].lstrip("# ")
+    summary["gates"][stage] = body.splitlines()[0].lstrip("# ")
 
 
 @flow(name="envace", log_prints=True)
@@ -107,23 +110,21 @@ def envace_flow(project_dir: str = ".") -> dict:
     with tracking.pipeline_run(root, f"pipeline-{started}", {"project_dir": str(root)}) as parent:
         summary["mlflow_run_id"] = parent.info.run_id
         for stage, spec in stages.items():
-            try:
-                result = reproduce(stage, root)
-            except StageError:
-                gate = _publish_gate(stage, root)
-                if gate:
-                    summary["gates"][stage] = gate
-                tracking.log_stage(parent, stage, _stage_params(spec, params_raw), _stage_metrics(spec, root),
-                                   {"status": "failed"})
-                raise
-            lock = _read_lock(root).get(stage, {})
-            hashes = {f"dvc.out.{o['path']}": o.get("md5", "") for o in lock.get("outs", [])}
-            metrics = {**_stage_metrics(spec, root), "stage_seconds": result["seconds"], "stage_ran": float(result["ran"])}
-            tracking.log_stage(parent, stage, _stage_params(spec, params_raw), metrics, {"status": "ok", **hashes},
-                               [root / GATES[stage][1]] if stage in GATES else [])
-            gate = _publish_gate(stage, root)
-            if gate:
-                summary["gates"][stage] = gate
+            with tracking.stage_run(parent, stage) as run:
+                params = _stage_params(spec, params_raw)
+                try:
+                    result = reproduce(stage, root, run.info.run_id)
+                except StageError:
+                    _record_gate(stage, root, summary)
+                    tracking.log_to_run(params, _stage_metrics(spec, root), {"status": "failed"})
+                    raise
+                lock = _read_lock(root).get(stage, {})
+                hashes = {f"dvc.out.{o['path']}": o.get("md5", "") for o in lock.get("outs", [])}
+                metrics = {**_stage_metrics(spec, root), "stage_seconds": result["seconds"],
+                           "stage_ran": float(result["ran"])}
+                tracking.log_to_run(params, metrics, {"status": "ok", **hashes},
+                                    [root / GATES[stage][1]] if stage in GATES else [])
+            _record_gate(stage, root, summary)
             summary["stages"][stage] = result
             logger.info("%s: %s in %.1fs", stage, "ran" if result["ran"] else "up to date", result["seconds"])
     create_markdown_artifact(_summary_markdown(summary), key="pipeline-summary", description="envace pipeline run")

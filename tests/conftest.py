@@ -28,6 +28,10 @@ TINY_PARAMS = {
         "max_split_share_error": 0.15,
         "max_domain_share_error": 0.3,
     },
+    "model": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64},
+    "rollout": {"max_turns": 4, "max_new_tokens": 48, "batch_size": 32},
+    "warmup": {"max_epochs": 1, "batch_size": 16, "eval_tasks": 12, "warmup_steps": 5},
+    "gate": {"min_rehearsal_accuracy": 0.0, "min_tool_examples": 3},
 }
 
 

@@ -189,6 +189,12 @@ def test_bank_facts_of_find_account_match_by_owner(bank):
     assert bank.facts(call("find_account", owner="Carol")) == {"accounts": [bank_scenario()["accounts"][2]]}
 
 
+def test_bank_facts_of_transfer_say_whether_the_balance_covers_it(bank):
+    ok = bank.facts(call("transfer", from_account="A10", to_account="A20", amount=40))
+    too_much = bank.facts(call("transfer", from_account="A10", to_account="A20", amount=10**6))
+    assert ok["balance_covers_amount"] is True and too_much["balance_covers_amount"] is False
+
+
 def test_bank_facts_of_unknown_values_are_empty(bank):
     assert bank.facts(call("get_balance", account_id="A99")) == {"accounts": []}
 
@@ -280,20 +286,22 @@ def test_files_backend_does_not_mutate_its_scenario():
 
 
 @pytest.mark.parametrize(
-    "tool_call, folder_ids",
+    "tool_call, expected",
     [
-        (call("find_folder", name="work_plans"), ["D30"]),
-        (call("list_folder", folder_id="D20"), ["D20"]),
-        (call("get_file_info", folder_id="D10", file_name="q1.pdf"), ["D10"]),
-        (call("delete_file", file_id="F30"), ["D30"]),  # the folder holding the file
-        (call("delete_folder", folder_id="D99"), []),
+        (call("find_folder", name="work_plans"), {"folder": {"folder_id": "D30", "name": "work_plans"}}),
+        (call("find_folder", name="nope"), {"folder": None}),
+        (call("list_folder", folder_id="D10"), {"folder": {"folder_id": "D10", "files": ["q1.pdf", "notes.txt"]}}),
+        (call("delete_folder", folder_id="D20"), {"folder": {"folder_id": "D20", "files": []}}),
+        (call("delete_folder", folder_id="D99"), {"folder": None}),
+        (call("get_file_info", folder_id="D10", file_name="q1.pdf"),
+         {"folder_exists": True, "file": {"file_id": "F10", "name": "q1.pdf", "size_kb": 120}}),
+        (call("get_file_info", folder_id="D10", file_name="x.txt"), {"folder_exists": True, "file": None}),
+        (call("get_file_info", folder_id="D99", file_name="q1.pdf"), {"folder_exists": False, "file": None}),
+        (call("delete_file", file_id="F30"), {"file": {"file_id": "F30", "name": "plan.docx", "size_kb": 40}}),
     ],
 )
-def test_files_facts_are_the_touched_folders(files, tool_call, folder_ids):
-    facts = files.facts(tool_call)
-    assert [f["folder_id"] for f in facts["folders"]] == folder_ids
-    by_id = {f["folder_id"]: f for f in files_scenario()["folders"]}
-    assert facts["folders"] == [by_id[i] for i in folder_ids]
+def test_files_facts_are_only_what_the_call_touches(files, tool_call, expected):
+    assert files.facts(tool_call) == expected
 
 
 # --------------------------------------------------------------------------- trading
@@ -416,11 +424,9 @@ def test_trading_backend_does_not_mutate_its_scenario():
 
 def test_trading_facts_of_place_order(trading):
     facts = trading.facts(call("place_order", order_type="Buy", symbol="AAPL", price=100.0, amount=1))
-    assert facts == {
-        "stock": {"AAPL": trading_scenario()["stocks"]["AAPL"]},
-        "account_info": trading_scenario()["account_info"],
-        "next_order_id": 1003,
-    }
+    assert facts == {"next_order_id": 1003, "symbol_exists": True, "balance_covers_order": True}
+    too_big = trading.facts(call("place_order", order_type="Buy", symbol="AAPL", price=100.0, amount=10**6))
+    assert too_big["balance_covers_order"] is False
 
 
 @pytest.mark.parametrize(
@@ -428,7 +434,8 @@ def test_trading_facts_of_place_order(trading):
     [
         (call("get_symbol_by_name", name="Apple"), {"symbol": "AAPL"}),
         (call("get_symbol_by_name", name="Nobody Inc"), {"symbol": "Stock not found"}),
-        (call("get_stock_info", symbol="XXXX"), {}),
+        (call("get_stock_info", symbol="XXXX"), {"stock": None}),
+        (call("get_stock_info", symbol="AAPL"), {"stock": trading_scenario()["stocks"]["AAPL"]}),
         (call("get_order_details", order_id=1002), {"order": trading_scenario()["orders"][1]}),
         (call("cancel_order", order_id=9999), {"order": None}),
         (call("get_account_info"), {"account_info": trading_scenario()["account_info"]}),

@@ -67,7 +67,7 @@ def demonstrate(domain: Domain, task: Task, rates: DemonstratorConfig, rng: rand
         answer = stop.value
     except KeyError:  # the script met a response it did not expect (an error after a slip)
         code = next((r["error"]["code"] for r in responses if is_error(r)), "unexpected_response")
-        answer = f"I could not finish the request: {code}."
+        answer = f"Failed: {code}."
     messages.append({"role": "act", "answer": answer})
     expected = domain.replay(task).state() if task.checklist.ground_truth else backend.state()
     why = failures(task, calls_of(messages), answer, backend.state(), expected)

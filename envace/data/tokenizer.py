@@ -19,9 +19,11 @@ SPECIAL_TOKENS = [
     "<pad>", "<unk>", "<s>", "</s>",
     "<|user|>", "<|act|>", "<|tool|>", "<|rehearse|>", "<|facts|>", "<|schema|>", "<|end|>",
 ]
-# a JSON key with its colon (`"account_id":`) is one piece; values keep their quotes
-# apart so `Alice` in a request and `"Alice"` in a call share the token `Alice`.
-PIECE_PATTERN = r'"[A-Za-z0-9_$()]+":|[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|.'
+# A JSON key with its colon and, for a string value, the opening quote (`"account_id":"`)
+# is one piece, so the value token follows its key directly: copying a value is then a
+# plain induction step (find the key earlier in the context, copy what followed it).
+# Values are bare tokens, so `Alice` in a request and in a call is the same token.
+PIECE_PATTERN = r'"[A-Za-z0-9_$()]+":"?|[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|.'
 
 ALPHABET = sorted(set(string.printable) - set("\x0b\x0c"))
 
@@ -39,7 +41,7 @@ def episode_texts(episode: dict) -> Iterator[str]:
         elif "calls" in m:
             yield compact_json(m["calls"])
         elif "answer" in m:
-            yield m["answer"]
+            yield compact_json({"answer": m["answer"]})
         elif m.get("role") == "tool":
             yield compact_json(m["response"])
 

@@ -48,14 +48,14 @@ class BankBackend(Backend):
 
     def _account(self, account_id: str) -> dict:
         if account_id not in self.accounts:
-            raise ToolError("unknown_account", f"no account {account_id}")
+            raise ToolError("unknown_account", "no such account")
         return self.accounts[account_id]
 
     def tool_find_account(self, owner: str):
         for acc in self.accounts.values():
             if acc["owner"] == owner:
                 return {"account_id": acc["account_id"]}
-        raise ToolError("not_found", f"no account for {owner}")
+        raise ToolError("not_found", "no account for this owner")
 
     def tool_get_balance(self, account_id: str):
         return {"account_id": account_id, "balance": self._account(account_id)["balance"]}
@@ -67,7 +67,7 @@ class BankBackend(Backend):
         if from_account == to_account:
             raise ToolError("same_account", "cannot transfer to the same account")
         if src["balance"] < amount:
-            raise ToolError("insufficient_funds", f"balance of {from_account} is below {amount}")
+            raise ToolError("insufficient_funds", "balance too low")
         src["balance"] -= amount
         dst["balance"] += amount
         return {"status": "completed", "amount": amount}
@@ -76,9 +76,15 @@ class BankBackend(Backend):
         return copy.deepcopy({"accounts": sorted(self.accounts.values(), key=lambda a: a["account_id"])})
 
     def facts(self, call: dict) -> dict:
-        values = set(map(str, (call.get("arguments") or {}).values()))
+        """The accounts the call names; for a transfer also whether the balance covers it."""
+        args = call.get("arguments") or {}
+        values = set(map(str, args.values()))
         rows = [a for a in self.accounts.values() if a["account_id"] in values or a["owner"] in values]
-        return {"accounts": rows}
+        facts: dict = {"accounts": copy.deepcopy(rows)}
+        if call.get("name") == "transfer" and args.get("from_account") in self.accounts:
+            amount = args.get("amount")
+            facts["balance_covers_amount"] = isinstance(amount, int) and self.accounts[args["from_account"]]["balance"] >= amount
+        return facts
 
 
 REQUESTS = {
@@ -136,16 +142,16 @@ def demonstrate(task: Task, mistakes: Mistakes) -> Script:
     if task.task_type == "balance_inquiry":
         (found,) = yield [call("find_account", owner=s["owner"])]
         (bal,) = yield [call("get_balance", account_id=found["account_id"])]
-        return f"The balance of {s['owner']}'s account is {bal['balance']}."
+        return f"The balance is {bal['balance']}."
     src, dst = yield [call("find_account", owner=s["sender"]), call("find_account", owner=s["recipient"])]
     if not mistakes.skip_check:
         (bal,) = yield [call("get_balance", account_id=src["account_id"])]
         if bal["balance"] < s["amount"]:
-            return f"I cannot send {s['amount']}: {s['sender']} has only {bal['balance']}."
+            return "Cannot send: the balance is too low."
     (done,) = yield [call("transfer", from_account=src["account_id"], to_account=dst["account_id"], amount=s["amount"])]
     if is_error(done):
-        return f"The transfer failed: {done['error']['code']}."
-    return f"Done: sent {s['amount']} from {s['sender']} to {s['recipient']}."
+        return f"Failed: {done['error']['code']}."
+    return f"Sent {s['amount']}."
 
 
 DOMAIN = Domain("bank", BankBackend, TASK_TYPES, make_task, demonstrate)

@@ -53,14 +53,14 @@ class FilesBackend(Backend):
 
     def _folder(self, folder_id: str) -> dict:
         if folder_id not in self.folders:
-            raise ToolError("unknown_folder", f"no folder {folder_id}")
+            raise ToolError("unknown_folder", "no such folder")
         return self.folders[folder_id]
 
     def tool_find_folder(self, name: str):
         for f in self.folders.values():
             if f["name"] == name:
                 return {"folder_id": f["folder_id"]}
-        raise ToolError("not_found", f"no folder named {name}")
+        raise ToolError("not_found", "no folder with this name")
 
     def tool_list_folder(self, folder_id: str):
         return {"folder_id": folder_id, "files": [f["name"] for f in self._folder(folder_id)["files"]]}
@@ -69,7 +69,7 @@ class FilesBackend(Backend):
         for f in self._folder(folder_id)["files"]:
             if f["name"] == file_name:
                 return {"file_id": f["file_id"], "size_kb": f["size_kb"]}
-        raise ToolError("not_found", f"no file named {file_name} in {folder_id}")
+        raise ToolError("not_found", "no file with this name")
 
     def tool_delete_file(self, file_id: str):
         for folder in self.folders.values():
@@ -77,11 +77,11 @@ class FilesBackend(Backend):
                 if f["file_id"] == file_id:
                     folder["files"].remove(f)
                     return {"deleted": file_id}
-        raise ToolError("unknown_file", f"no file {file_id}")
+        raise ToolError("unknown_file", "no such file")
 
     def tool_delete_folder(self, folder_id: str):
         if self._folder(folder_id)["files"]:
-            raise ToolError("not_empty", f"folder {folder_id} is not empty")
+            raise ToolError("not_empty", "folder is not empty")
         del self.folders[folder_id]
         return {"deleted": folder_id}
 
@@ -89,12 +89,22 @@ class FilesBackend(Backend):
         return copy.deepcopy({"folders": sorted(self.folders.values(), key=lambda f: f["folder_id"])})
 
     def facts(self, call: dict) -> dict:
-        values = set(map(str, (call.get("arguments") or {}).values()))
-        rows = [
-            f for f in self.folders.values()
-            if f["folder_id"] in values or f["name"] in values or any(x["file_id"] in values for x in f["files"])
-        ]
-        return {"folders": rows}
+        """Only what the call touches: the folder (its id and file names) or the file."""
+        args = call.get("arguments") or {}
+        name = call.get("name")
+        if name == "find_folder":
+            hit = next((f for f in self.folders.values() if f["name"] == args.get("name")), None)
+            return {"folder": hit and {"folder_id": hit["folder_id"], "name": hit["name"]}}
+        folder = self.folders.get(args.get("folder_id"))
+        if name in ("list_folder", "delete_folder"):
+            return {"folder": folder and {"folder_id": folder["folder_id"], "files": [f["name"] for f in folder["files"]]}}
+        if name == "get_file_info":
+            file = folder and next((f for f in folder["files"] if f["name"] == args.get("file_name")), None)
+            return {"folder_exists": folder is not None, "file": copy.deepcopy(file)}
+        if name == "delete_file":
+            file = next((f for d in self.folders.values() for f in d["files"] if f["file_id"] == args.get("file_id")), None)
+            return {"file": copy.deepcopy(file)}
+        return {}
 
 
 REQUESTS = {
@@ -172,28 +182,26 @@ def make_task(rng: random.Random, task_type: str, task_id: str) -> Task:
 def demonstrate(task: Task, mistakes: Mistakes) -> Script:
     s = task.slots
     if task.task_type == "file_exists" and mistakes.answer_unverified:
-        return f"Yes, {s['file']} is in {s['folder']}."
+        return "Yes."
     (found,) = yield [call("find_folder", name=s["folder"])]
     folder_id = found["folder_id"]
     if task.task_type == "file_exists":
         (listing,) = yield [call("list_folder", folder_id=folder_id)]
-        if s["file"] in listing["files"]:
-            return f"Yes, {s['file']} is in {s['folder']}."
-        return f"No, {s['file']} is not in {s['folder']}."
+        return "Yes." if s["file"] in listing["files"] else "No."
     if task.task_type in ("file_size", "delete_file"):
         (info,) = yield [call("get_file_info", folder_id=folder_id, file_name=s["file"])]
         if task.task_type == "file_size":
-            return f"{s['file']} is {info['size_kb']} KB."
+            return f"{info['size_kb']} KB."
         (done,) = yield [call("delete_file", file_id=info["file_id"])]
-        return f"Deleted {s['file']} from {s['folder']}."
+        return "Deleted."
     if not mistakes.skip_check:
         (listing,) = yield [call("list_folder", folder_id=folder_id)]
         if listing["files"]:
-            return f"I did not delete {s['folder']}: it is not empty."
+            return "Not deleted: the folder is not empty."
     (done,) = yield [call("delete_folder", folder_id=folder_id)]
     if is_error(done):
-        return f"Deleting {s['folder']} failed: {done['error']['code']}."
-    return f"Deleted the folder {s['folder']}."
+        return f"Failed: {done['error']['code']}."
+    return "Deleted."
 
 
 DOMAIN = Domain("files", FilesBackend, TASK_TYPES, make_task, demonstrate)

@@ -106,18 +106,24 @@ class TradingBackend(Backend):
         return {k: copy.deepcopy(v) for k, v in vars(self.bot).items() if not k.startswith("_")}
 
     def facts(self, call: dict) -> dict:
-        args, bot = call.get("arguments") or {}, self.bot
+        """Only what the call touches (a stock, an order, the account), plus, for an order,
+        the id it would get and whether the balance covers it."""
+        args, bot, name = call.get("arguments") or {}, self.bot, call.get("name")
         facts: dict = {}
-        if "name" in args:
-            facts["symbol"] = COMPANIES.get(args["name"], "Stock not found")
-        if "symbol" in args and args["symbol"] in bot.stocks:
-            facts["stock"] = {args["symbol"]: bot.stocks[args["symbol"]]}
-        if "order_id" in args:
-            facts["order"] = bot.orders.get(args["order_id"])
-        if call.get("name") in ("get_account_info", "place_order"):
+        if name == "get_symbol_by_name":
+            facts["symbol"] = COMPANIES.get(args.get("name"), "Stock not found")
+        elif name == "get_stock_info":
+            facts["stock"] = bot.stocks.get(args.get("symbol"))
+        elif name in ("get_order_details", "cancel_order"):
+            facts["order"] = bot.orders.get(args.get("order_id"))
+        elif name == "get_account_info":
             facts["account_info"] = bot.account_info
-        if call.get("name") == "place_order":
+        elif name == "place_order":
+            price, amount = args.get("price"), args.get("amount")
             facts["next_order_id"] = bot.order_counter
+            facts["symbol_exists"] = args.get("symbol") in bot.stocks
+            facts["balance_covers_order"] = (isinstance(price, (int, float)) and isinstance(amount, int)
+                                             and price * amount <= bot.account_info["balance"])
         return copy.deepcopy(facts)
 
 
@@ -197,20 +203,20 @@ def demonstrate(task: Task, mistakes: Mistakes) -> Script:
         else:
             info, account = yield [call("get_stock_info", symbol=symbol), call("get_account_info")]
             if account["balance"] < info["price"] * s["amount"]:
-                return f"I cannot buy {s['amount']} {symbol}: the balance is too low."
+                return "Cannot buy: the balance is too low."
         (order,) = yield [call("place_order", order_type="Buy", symbol=symbol, price=info["price"], amount=s["amount"])]
-        return f"Placed order {order['order_id']} for {s['amount']} shares of {symbol}."
+        return f"Placed order {order['order_id']}."
     order_id = s["order_id"]
     if task.task_type == "order_status" or not mistakes.skip_check:
         (details,) = yield [call("get_order_details", order_id=order_id)]
         if task.task_type == "order_status":
-            return f"Order {order_id} is {details['status']}."
+            return f"The status is {details['status']}."
         if details["status"] == "Completed":
-            return f"I cannot cancel order {order_id}: it is already completed."
+            return "Cannot cancel: the order is completed."
     (done,) = yield [call("cancel_order", order_id=order_id)]
     if is_error(done):
-        return f"Cancelling order {order_id} failed: {done['error']['code']}."
-    return f"Order {order_id} is cancelled."
+        return f"Failed: {done['error']['code']}."
+    return "Cancelled."
 
 
 DOMAIN = Domain("trading", TradingBackend, TASK_TYPES, make_task, demonstrate)

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Callable
 
-STAGES = ("collect", "prepare", "validate_data", "warmup", "rehearsal_gate")
+STAGES = ("collect", "prepare", "validate_data", "warmup", "rehearsal_gate")  # dvc.yaml order
 
 
 class StageFailed(RuntimeError):

@@ -55,8 +55,8 @@ def run(params: Params) -> dict[str, Path]:
     train = list(read_jsonl(PREPARED / "train.jsonl"))
     val = list(read_jsonl(PREPARED / "val.jsonl"))
     test_tasks = [Task.from_dict(e["task"]) for e in read_jsonl(PREPARED / "test.jsonl")]
-    if cfg.eval_tasks:
-        test_tasks = test_tasks[: cfg.eval_tasks]
+    if cfg.eval_tasks and cfg.eval_tasks < len(test_tasks):  # an even spread over domains and types
+        test_tasks = [test_tasks[i * len(test_tasks) // cfg.eval_tasks] for i in range(cfg.eval_tasks)]
 
     dataset = SFTDataset(train, policy.template, tokenizer, params.roles.privileged_dropout, cfg.seed)
     rng = random.Random(cfg.seed)
@@ -87,8 +87,10 @@ def run(params: Params) -> dict[str, Path]:
                            "val_rehearsal_field": acc["field"], "val_min_core_tool": min(core.values(), default=0.0),
                            "seconds": round(time.perf_counter() - start, 1)})
             pl_module.log_dict({"val/rehearsal_exact": acc["exact"], "val/min_core_tool": epochs[-1]["val_min_core_tool"]})
-            print(f"epoch {trainer.current_epoch + 1}: val rehearsal exact {acc['exact']:.3f}, weakest core tool "
-                  f"{epochs[-1]['val_min_core_tool']:.3f}{' — gate would pass' if passes else ''}", flush=True)
+            weakest = min(core, key=core.get, default="-")
+            print(f"epoch {trainer.current_epoch + 1} ({time.perf_counter() - start:.0f}s): val rehearsal exact "
+                  f"{acc['exact']:.3f}, weakest core tool {weakest} {core.get(weakest, 0.0):.3f}"
+                  f"{' — gate would pass' if passes else ''}", flush=True)
             if passes and trainer.current_epoch + 1 >= cfg.min_epochs:
                 trainer.should_stop = True
             dataset.resample(trainer.current_epoch + 1)  # redraw the privileged dropout
@@ -98,6 +100,7 @@ def run(params: Params) -> dict[str, Path]:
         logger=_logger(), callbacks=[GateWatch(), StepCurve(STEP_PLOT), L.pytorch.callbacks.ModelCheckpoint(
             dirpath=CHECKPOINTS, save_last=True, save_top_k=0)],
         reload_dataloaders_every_n_epochs=1, log_every_n_steps=10, num_sanity_val_steps=0,
+        gradient_clip_val=cfg.grad_clip,
     )
     trainer.fit(module, loader)
     wall = time.perf_counter() - start

@@ -20,6 +20,7 @@ class WarmupModule(L.LightningModule):
     def __init__(self, model, lr: float, weight_decay: float, warmup_steps: int, total_steps: int, lambda_env: float):
         super().__init__()
         self.model = model
+        self.automatic_optimization = True
         self.lr, self.weight_decay = lr, weight_decay
         self.warmup_steps, self.total_steps, self.lambda_env = warmup_steps, max(total_steps, 1), lambda_env
 

@@ -1,0 +1,87 @@
+"""The warmup and rehearsal_gate stages end to end on the tiny profile (their real entry points)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from envace.stages import StageFailed
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def warmed(prepared_dir, tmp_path_factory):
+    """collect + prepare (shared) + warmup on the tiny profile, in a private copy."""
+    from envace.config import parse_params
+    from envace.stages import warmup
+    from tests.conftest import TINY_PARAMS
+
+    root = tmp_path_factory.mktemp("warmed")
+    shutil.copytree(prepared_dir / "data", root / "data")
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        warmup.run(parse_params(TINY_PARAMS))
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+def test_warmup_writes_model_metrics_plots_and_checkpoint(warmed):
+    from envace.model import load
+
+    metrics = json.loads((warmed / "metrics/warmup.json").read_text())
+    assert metrics["epochs"] == 1 and metrics["wall_s"] > 0
+    assert 0.0 <= metrics["real_success"] <= 1.0 and metrics["real"]["n"] == 12
+    assert metrics["real"]["real_calls"] > 0  # ACT ran in the real backends
+    assert (warmed / "plots/warmup_steps.csv").read_text().startswith("step,act_loss,rehearse_loss")
+    assert (warmed / "plots/warmup_epochs.csv").read_text().startswith("epoch,val_rehearsal_exact")
+    assert (warmed / "checkpoints/warmup/last.ckpt").exists()
+    model, tok = load(warmed / "models/warmup")
+    assert model.config.hidden_size == 32 and tok.padding_side == "left"
+
+
+def _gate(warmed, monkeypatch, threshold):
+    from envace.config import parse_params
+    from envace.stages import rehearsal_gate
+    from tests.conftest import TINY_PARAMS
+
+    monkeypatch.chdir(warmed)
+    params = json.loads(json.dumps(TINY_PARAMS))
+    params["gate"]["min_rehearsal_accuracy"] = threshold
+    return rehearsal_gate.run(parse_params(params))
+
+
+def test_rehearsal_gate_reports_with_and_without_privileged_facts(warmed, monkeypatch):
+    _gate(warmed, monkeypatch, 0.0)
+    r = json.loads((warmed / "metrics/rehearsal.json").read_text())
+    assert r["passed"] is True and r["threshold"] == 0.0
+    assert set(r["per_tool"]) >= {"find_account", "get_balance", "find_folder"}
+    assert 0 <= r["overall"] <= 1 and 0 <= r["overall_without_privileged"] <= 1
+    assert r["calls"] == sum(d["n"] for d in r["per_tool_detail"].values())
+    assert "# Rehearsal gate: PASSED" in (warmed / "reports/rehearsal_gate.md").read_text()
+
+
+def test_rehearsal_gate_above_one_fails_naming_the_tools(warmed, monkeypatch):
+    with pytest.raises(StageFailed, match=r"tools below 1.01: .*find_account \d\.\d{3}"):
+        _gate(warmed, monkeypatch, 1.01)
+    r = json.loads((warmed / "metrics/rehearsal.json").read_text())
+    assert r["passed"] is False
+    assert "# Rehearsal gate: FAILED" in (warmed / "reports/rehearsal_gate.md").read_text()
+
+
+def test_rehearsal_gate_entry_point_exits_nonzero(warmed, tmp_path):
+    import yaml
+
+    from tests.conftest import TINY_PARAMS
+
+    params = json.loads(json.dumps(TINY_PARAMS))
+    params["gate"]["min_rehearsal_accuracy"] = 1.01
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
+    out = subprocess.run([sys.executable, "-m", "envace.stages.rehearsal_gate", "--params", str(tmp_path / "p.yaml")],
+                         cwd=warmed, capture_output=True, text=True)
+    assert out.returncode == 1 and "rehearsal gate failed: tools below 1.01" in out.stderr
