@@ -11,7 +11,15 @@ import sys
 import time
 from typing import Callable
 
-STAGES = ("collect", "prepare", "validate_data", "warmup", "rehearsal_gate")  # dvc.yaml order
+STAGES = ("collect", "prepare", "validate_data")  # the pipeline, in dvc.yaml order
+
+# Stages whose modules work but are not in dvc.yaml yet (issue 3 is open): the embedded
+# default does not reach the rehearsal gate within the CPU budget yet, and a default
+# `make run` must not fail. Each maps to the params sections it reads.
+PENDING_STAGES = {
+    "warmup": ("model", "roles", "rollout", "warmup", "gate"),
+    "rehearsal_gate": ("gate", "rollout"),
+}
 
 
 class StageFailed(RuntimeError):
