@@ -37,7 +37,9 @@ def test_warmup_writes_model_metrics_plots_and_checkpoint(warmed):
     metrics = json.loads((warmed / "metrics/warmup.json").read_text())
     assert metrics["epochs"] == 1 and metrics["wall_s"] > 0
     assert 0.0 <= metrics["real_success"] <= 1.0 and metrics["real"]["n"] == 12
-    assert metrics["real"]["real_calls"] > 0  # ACT ran in the real backends
+    # the held-out subset spreads over every domain; an untrained ACT's failures are recorded
+    assert {k.split("/")[0] for k in metrics["real"]["per_task_type"]} == {"bank", "files", "trading"}
+    assert sum(metrics["real"]["failed_steps"].values()) + round(metrics["real_success"] * 12) <= 12
     assert (warmed / "plots/warmup_steps.csv").read_text().startswith("step,act_loss,rehearse_loss")
     assert (warmed / "plots/warmup_epochs.csv").read_text().startswith("epoch,val_rehearsal_exact")
     assert (warmed / "checkpoints/warmup/last.ckpt").exists()
