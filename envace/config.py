@@ -118,6 +118,8 @@ class WarmupConfig(Section):
     lr: float = Field(1e-2, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(100, ge=0)
+    min_lr_ratio: float = Field(0.1, gt=0, le=1)
+    """The cosine schedule decays the learning rate to lr * min_lr_ratio (1.0 = constant)."""
     grad_clip: float = Field(1.0, gt=0)
     lambda_env: float = Field(1.0, ge=0)
     """Weight of the REHEARSE loss relative to the ACT loss."""

@@ -70,7 +70,8 @@ def run(params: Params) -> dict[str, Path]:
 
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=LengthBatches(),
                                          collate_fn=lambda b: collate(b, policy.pad_id))
-    module = WarmupModule(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, len(loader) * cfg.max_epochs, cfg.lambda_env)
+    module = WarmupModule(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, len(loader) * cfg.max_epochs, cfg.lambda_env,
+                          cfg.min_lr_ratio)
     epochs: list[dict] = []
     start = time.perf_counter()
 

@@ -17,10 +17,11 @@ from envace.train.losses import warmup_loss
 
 
 class WarmupModule(L.LightningModule):
-    def __init__(self, model, lr: float, weight_decay: float, warmup_steps: int, total_steps: int, lambda_env: float):
+    def __init__(self, model, lr: float, weight_decay: float, warmup_steps: int, total_steps: int, lambda_env: float,
+                 min_lr_ratio: float = 0.1):
         super().__init__()
         self.model = model
-        self.automatic_optimization = True
+        self.min_lr_ratio = min_lr_ratio
         self.lr, self.weight_decay = lr, weight_decay
         self.warmup_steps, self.total_steps, self.lambda_env = warmup_steps, max(total_steps, 1), lambda_env
 
@@ -39,7 +40,7 @@ class WarmupModule(L.LightningModule):
             if step < self.warmup_steps:
                 return (step + 1) / self.warmup_steps
             progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+            return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
