@@ -11,6 +11,7 @@ Run: `make run`, or `envace run`, or `python -m flows.full_pipeline`.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -76,8 +77,6 @@ def _stage_params(spec: dict, params: dict) -> dict:
 
 
 def _stage_metrics(spec: dict, root: Path) -> dict:
-    import json
-
     out = {}
     for entry in spec.get("metrics", []):
         path = root / (entry if isinstance(entry, str) else next(iter(entry)))
@@ -102,8 +101,7 @@ def envace_flow(project_dir: str = ".") -> dict:
     """Run every stage of the pipeline through DVC; returns a summary per stage."""
     logger = get_run_logger()
     root = Path(project_dir).resolve()
-    params_raw = yaml.safe_load((root / "params.yaml").read_text())
-    load_params(root / "params.yaml")  # fail fast, naming any bad key
+    params_raw = load_params(root / "params.yaml").model_dump()  # fails fast, naming any bad key
     stages = pipeline_stages(root)
     started = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     summary: dict = {"stages": {}, "gates": {}}

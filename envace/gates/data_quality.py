@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pandas as pd
+from jsonschema import Draft202012Validator
 
 from envace.config import Params
 from envace.data.episodes import EPISODE_SCHEMA
@@ -26,10 +27,11 @@ from envace.gates import WHERE, Check
 SPLITS = ("train", "val", "test")
 
 
-def _schema_error(row) -> str | None:
-    from jsonschema import Draft202012Validator
+_EPISODE_VALIDATOR = Draft202012Validator(EPISODE_SCHEMA)
 
-    err = next(iter(Draft202012Validator(EPISODE_SCHEMA).iter_errors(row)), None)
+
+def _schema_error(row) -> str | None:
+    err = next(iter(_EPISODE_VALIDATOR.iter_errors(row)), None)
     if err is None:
         return None
     return f"{'/'.join(map(str, err.absolute_path)) or '<line>'}: {err.message[:120]}"

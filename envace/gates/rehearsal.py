@@ -13,9 +13,15 @@ from envace.config import GateConfig
 from envace.gates import WHERE, Check
 
 
+def core_tools(per_tool: dict, min_examples: int) -> dict[str, float]:
+    """Exact match of the tools with enough held-out calls to be judged."""
+    return {tool: r["exact"] for tool, r in per_tool.items() if r["n"] >= min_examples}
+
+
 def tool_table(per_tool: dict, cfg: GateConfig) -> pd.DataFrame:
-    rows = [{WHERE: f"{tool} ({r['exact']:.3f} on {r['n']} calls)", "tool": tool, "exact": r["exact"], "n": r["n"]}
-            for tool, r in per_tool.items() if r["n"] >= cfg.min_tool_examples]
+    rows = [{WHERE: f"{tool} ({exact:.3f} on {per_tool[tool]['n']} calls)", "tool": tool, "exact": exact,
+             "n": per_tool[tool]["n"]}
+            for tool, exact in core_tools(per_tool, cfg.min_tool_examples).items()]
     return pd.DataFrame(rows, columns=[WHERE, "tool", "exact", "n"])
 
 

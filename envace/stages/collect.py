@@ -8,7 +8,6 @@ demonstrator's success per domain and per task type.
 from __future__ import annotations
 
 import random
-from collections import defaultdict
 from pathlib import Path
 
 from tqdm import tqdm
@@ -16,6 +15,7 @@ from tqdm import tqdm
 from envace.config import Params
 from envace.data.demonstrations import demonstrate, generate_tasks
 from envace.domains import get_domain
+from envace.evaluate import success_rates
 from envace.io import write_json, write_jsonl
 
 RAW = Path("data/raw/episodes.jsonl")
@@ -38,17 +38,12 @@ def run(params: Params) -> dict[str, Path]:
 
 
 def success_report(episodes: list[dict]) -> dict:
-    groups: dict[str, list[bool]] = defaultdict(list)
-    for ep in episodes:
-        t = ep["task"]
-        for key in ("overall", t["domain"], f"{t['domain']}/{t['task_type']}"):
-            groups[key].append(bool(ep["success"]))
-    rate = {k: round(sum(v) / len(v), 4) for k, v in groups.items()}
+    rates = success_rates((ep["task"]["domain"], ep["task"]["task_type"], ep["success"]) for ep in episodes)
     return {
         "episodes": len(episodes),
-        "demonstrator_success": rate.pop("overall"),
-        "per_domain": {k: v for k, v in rate.items() if "/" not in k},
-        "per_task_type": {k: v for k, v in rate.items() if "/" in k},
+        "demonstrator_success": rates["overall"],
+        "per_domain": rates["per_domain"],
+        "per_task_type": rates["per_task_type"],
     }
 
 

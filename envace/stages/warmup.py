@@ -29,11 +29,6 @@ EPOCH_PLOT = Path("plots/warmup_epochs.csv")
 CHECKPOINTS = Path("checkpoints/warmup")
 
 
-def core_tools(per_tool: dict, min_examples: int) -> dict[str, float]:
-    """Exact match of the tools with enough held-out calls to be judged."""
-    return {tool: r["exact"] for tool, r in per_tool.items() if r["n"] >= min_examples}
-
-
 def run(params: Params) -> dict[str, Path]:
     """Warm up both roles on real trajectories; stop once the rehearsal gate would pass."""
     import lightning as L
@@ -42,6 +37,7 @@ def run(params: Params) -> dict[str, Path]:
     from envace.domains.base import Task
     from envace.evaluate.real import real_success
     from envace.evaluate.rehearsal import rehearsal_accuracy
+    from envace.gates.rehearsal import core_tools
     from envace.model import policy_for, save
     from envace.rollout.runner import Policy
     from envace.train.data import SFTDataset, collate, length_batches
