@@ -83,6 +83,10 @@ class ModelConfig(Section):
     num_heads: int = Field(4, gt=0)
     intermediate_size: int = Field(384, gt=0)
     max_position_embeddings: int = Field(1024, gt=0)
+    embedding_std: float = Field(0.1, gt=0)
+    """Init scale of the (tied) token embeddings. Entity values are one token each and
+    rare; embeddings that start far apart let the model copy them early (0.02, the usual
+    init, left prices and order ids uncopyable for minutes)."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -123,6 +127,12 @@ class WarmupConfig(Section):
     grad_clip: float = Field(1.0, gt=0)
     lambda_env: float = Field(1.0, ge=0)
     """Weight of the REHEARSE loss relative to the ACT loss."""
+    rare_tool_repeat: int = Field(4, ge=1)
+    """Episodes calling a rare tool appear up to this often per epoch, both roles
+    (1 = no oversampling)."""
+    check_episodes: int = Field(120, ge=0)
+    """Validation episodes (an even spread) on which the gate is checked after each epoch
+    (0 = all of them)."""
     eval_tasks: int = Field(240, ge=0)
     """Held-out tasks for ACT's real success after warmup (0 = the whole test split)."""
     seed: int = 0

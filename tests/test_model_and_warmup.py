@@ -27,6 +27,47 @@ def test_embedded_default_follows_params_and_tokenizer(model, tokenizer):
     assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 2
 
 
+def test_embedding_std_sets_the_init_scale_of_the_tied_embeddings(tokenizer):
+    from envace.model import build_default
+
+    wide = build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                                     embedding_std=0.5), tokenizer)
+    weight = wide.get_input_embeddings().weight
+    assert weight.std().item() == pytest.approx(0.5, rel=0.1)
+    assert wide.get_output_embeddings().weight.data_ptr() == weight.data_ptr()  # tied
+
+
+def test_episodes_with_rare_tools_are_repeated(prepared_dir, tokenizer):
+    from collections import Counter
+
+    from envace.io import read_jsonl
+    from envace.roles import MinimalTemplate
+    from envace.train.data import SFTDataset, recorded_calls
+
+    episodes = list(read_jsonl(prepared_dir / "data/prepared/train.jsonl"))
+    plain = SFTDataset(episodes, MinimalTemplate(), tokenizer, 0.0)
+    balanced = SFTDataset(episodes, MinimalTemplate(), tokenizer, 0.0, max_repeat=4)
+    assert max(plain.repeats) == 1 and 1 < max(balanced.repeats) <= 4
+    per_episode = [1 + bool(recorded_calls(ep)) for ep in episodes]  # ACT (+ REHEARSE when it called a tool)
+    assert len(plain) == sum(per_episode)
+    assert len(balanced) == sum(r * n for r, n in zip(balanced.repeats, per_episode))
+    seen = Counter()  # rehearse sequences per tool and epoch: the rarest tool gains the most
+    for ep, r in zip(episodes, balanced.repeats):
+        for name in {c["name"] for c, _ in recorded_calls(ep)}:
+            seen[name] += r
+    calls = Counter(name for ep in episodes for name in {c["name"] for c, _ in recorded_calls(ep)})
+    rarest = min(calls, key=calls.get)
+    assert seen[rarest] / calls[rarest] == max(seen[t] / calls[t] for t in calls) > 1
+
+
+def test_repeat_rule_examples():
+    import doctest
+
+    from envace.train import data
+
+    assert doctest.testmod(data).failed == 0
+
+
 def test_save_and_load_round_trip_as_safetensors(model, tokenizer, tmp_path):
     from envace.model import load, save
 

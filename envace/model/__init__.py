@@ -31,7 +31,9 @@ def build_default(cfg: ModelConfig, tokenizer):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)
+    torch.nn.init.normal_(model.get_input_embeddings().weight, 0.0, cfg.embedding_std)
+    return model
 
 
 def load(path: str | Path, dtype: torch.dtype | None = None):

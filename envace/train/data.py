@@ -3,12 +3,16 @@
 Per episode: one ACT sequence (the whole conversation, every ACT output a target) and one
 REHEARSE sequence (every recorded call with its real response, each response a target).
 The privileged facts of each call are dropped with probability `privileged_dropout`,
-redrawn each epoch.
+redrawn each epoch. Episodes that call a rare tool appear more than once per epoch (see
+`repeats`): the gate holds every core tool to the same bar, and a tool the demonstrator
+seldom calls would otherwise give both roles too few examples to learn it.
 """
 
 from __future__ import annotations
 
+import math
 import random
+from collections import Counter
 
 import torch
 
@@ -32,6 +36,25 @@ def fact_source(task: dict):
     return get_domain(task["domain"]).backend(task["scenario"])
 
 
+def repeats(episodes: list[dict], max_repeat: int) -> list[int]:
+    """How often each episode appears per epoch: about median / n for
+    its rarest tool, where n counts that tool's calls and median is the median over tools;
+    at least 1, at most `max_repeat`.
+
+    >>> eps = [{"task": {"tools": [{"function": {"name": t}}]}, "messages": [{"role": "user"},
+    ...        {"role": "act", "calls": [{"name": t}]}, {"role": "tool", "response": {}}]} for t in "aaaaaabbc"]
+    >>> repeats(eps, 4)
+    [1, 1, 1, 1, 1, 1, 1, 1, 2]
+    """
+    calls = [{c["name"] for c, _ in recorded_calls(e)} for e in episodes]
+    counts = Counter(name for names in calls for name in names)
+    if not counts:
+        return [1] * len(episodes)
+    median = sorted(counts.values())[len(counts) // 2]
+    return [min(max_repeat, max(1, math.ceil(median / min(counts[n] for n in names) - 0.5))) if names else 1
+            for names in calls]
+
+
 def episode_examples(episode: dict, template, tokenizer, rng: random.Random, privileged_dropout: float):
     """[(ids, roles)] for one episode: its ACT conversation and its REHEARSE conversation."""
     task = episode["task"]
@@ -48,16 +71,18 @@ class SFTDataset(torch.utils.data.Dataset):
     """Examples for one epoch; call `resample(epoch)` to redraw the privileged dropout."""
 
     def __init__(self, episodes: list[dict], template, tokenizer, privileged_dropout: float, seed: int = 0,
-                 max_len: int = 1024):
+                 max_len: int = 1024, max_repeat: int = 1):
         self.episodes, self.template, self.tokenizer = episodes, template, tokenizer
         self.dropout, self.seed, self.max_len = privileged_dropout, seed, max_len
+        self.repeats = repeats(episodes, max_repeat)
         self.resample(0)
 
     def resample(self, epoch: int) -> None:
         rng = random.Random(f"{self.seed}-{epoch}")
         self.examples = [
             (ids[: self.max_len], roles[: self.max_len])
-            for ep in self.episodes
+            for ep, repeat in zip(self.episodes, self.repeats)
+            for _ in range(repeat)  # each repeat draws its own privileged dropout
             for ids, roles in episode_examples(ep, self.template, self.tokenizer, rng, self.dropout)
         ]
 
