@@ -1,9 +1,10 @@
 """warmup — SFT of both roles on the real trajectories, until the rehearsal gate would pass.
 
-Trains up to `warmup.max_epochs`; after each epoch it measures rehearsal exact match on the
-validation split (privileged facts shown) and stops once every core tool reaches
-`gate.min_rehearsal_accuracy` (and at least `warmup.min_epochs` ran). Then ACT plays the
-held-out test tasks greedily in the real backends.
+Trains up to `warmup.max_epochs`; after each epoch it measures rehearsal exact match
+(privileged facts shown) on an even spread of the validation split (`warmup.check_episodes`,
+cheap: that is the curve), and from `warmup.min_epochs` on, when the spread passes, on the
+whole validation split: it stops once every core tool reaches `gate.min_rehearsal_accuracy`
+there. Then ACT plays held-out test tasks greedily in the real backends.
 
 Writes `models/warmup/` (safetensors + tokenizer), `metrics/warmup.json`
 ({"epochs", "wall_s", "real_success", ...}), training curves as DVC plots
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -50,11 +52,11 @@ def run(params: Params) -> dict[str, Path]:
     policy = Policy(model, tokenizer)
     train = list(read_jsonl(PREPARED / "train.jsonl"))
     val = list(read_jsonl(PREPARED / "val.jsonl"))
-    test_tasks = [Task.from_dict(e["task"]) for e in read_jsonl(PREPARED / "test.jsonl")]
-    if cfg.eval_tasks and cfg.eval_tasks < len(test_tasks):  # an even spread over domains and types
-        test_tasks = [test_tasks[i * len(test_tasks) // cfg.eval_tasks] for i in range(cfg.eval_tasks)]
+    check = spread(val, cfg.check_episodes)
+    test_tasks = spread([Task.from_dict(e["task"]) for e in read_jsonl(PREPARED / "test.jsonl")], cfg.eval_tasks)
 
-    dataset = SFTDataset(train, policy.template, tokenizer, params.roles.privileged_dropout, cfg.seed)
+    dataset = SFTDataset(train, policy.template, tokenizer, params.roles.privileged_dropout, cfg.seed,
+                         max_repeat=cfg.rare_tool_repeat)
     rng = random.Random(cfg.seed)
 
     class LengthBatches(torch.utils.data.Sampler):
@@ -71,33 +73,42 @@ def run(params: Params) -> dict[str, Path]:
     epochs: list[dict] = []
     start = time.perf_counter()
 
+    def gate_status(episodes: list[dict], min_examples: int) -> tuple[dict, dict[str, float], bool]:
+        model.eval()
+        acc = rehearsal_accuracy(policy, episodes, privileged=True, max_new_tokens=params.rollout.max_new_tokens)
+        model.train()
+        core = core_tools(acc["per_tool"], min_examples)
+        return acc, core, bool(core) and min(core.values()) >= gate.min_rehearsal_accuracy
+
     class GateWatch(L.Callback):
-        """After each epoch: rehearsal accuracy on val; stop once the gate would pass."""
+        """After each epoch: rehearsal accuracy on an even spread of val (the curve). From
+        `min_epochs` on, when that spread passes, confirm on all of val and stop if it passes."""
 
         def on_train_epoch_end(self, trainer, pl_module):
-            model.eval()
-            acc = rehearsal_accuracy(policy, val, privileged=True, max_new_tokens=params.rollout.max_new_tokens)
-            model.train()
-            core = core_tools(acc["per_tool"], gate.min_tool_examples)
-            passes = bool(core) and min(core.values()) >= gate.min_rehearsal_accuracy
-            epochs.append({"epoch": trainer.current_epoch + 1, "val_rehearsal_exact": acc["exact"],
-                           "val_rehearsal_field": acc["field"], "val_min_core_tool": min(core.values(), default=0.0),
+            epoch = trainer.current_epoch + 1
+            # the spread holds ~1/k of val's calls: judge tools with ~1/k of the minimum
+            share = min(1.0, len(check) / max(1, len(val)))
+            acc, core, passes = gate_status(check, max(1, round(gate.min_tool_examples * share)))
+            confirmed = False
+            if passes and epoch >= cfg.min_epochs:
+                confirmed = gate_status(val, gate.min_tool_examples)[2] if check is not val else passes
+            epochs.append({"epoch": epoch, "val_rehearsal_exact": acc["exact"], "val_rehearsal_field": acc["field"],
+                           "val_min_core_tool": min(core.values(), default=0.0),
                            "seconds": round(time.perf_counter() - start, 1)})
             pl_module.log_dict({"val/rehearsal_exact": acc["exact"], "val/min_core_tool": epochs[-1]["val_min_core_tool"]})
             weakest = min(core, key=core.get, default="-")
-            print(f"epoch {trainer.current_epoch + 1} ({time.perf_counter() - start:.0f}s): val rehearsal exact "
-                  f"{acc['exact']:.3f}, weakest core tool {weakest} {core.get(weakest, 0.0):.3f}"
-                  f"{' — gate would pass' if passes else ''}", flush=True)
-            if passes and trainer.current_epoch + 1 >= cfg.min_epochs:
-                trainer.should_stop = True
-            dataset.resample(trainer.current_epoch + 1)  # redraw the privileged dropout
+            print(f"epoch {epoch} ({time.perf_counter() - start:.0f}s): val rehearsal exact {acc['exact']:.3f}, weakest "
+                  f"tool {weakest} {core.get(weakest, 0.0):.3f}{' — gate passes on all of val, stopping' if confirmed else ''}",
+                  flush=True)
+            trainer.should_stop = confirmed
+            dataset.resample(epoch)  # redraw the privileged dropout
 
     trainer = L.Trainer(
         max_epochs=cfg.max_epochs, accelerator="auto", precision="bf16-mixed" if torch.cuda.is_available() else "32-true",
         logger=_logger(), callbacks=[GateWatch(), StepCurve(STEP_PLOT), L.pytorch.callbacks.ModelCheckpoint(
             dirpath=CHECKPOINTS, save_last=True, save_top_k=0)],
         reload_dataloaders_every_n_epochs=1, log_every_n_steps=10, num_sanity_val_steps=0,
-        gradient_clip_val=cfg.grad_clip,
+        gradient_clip_val=cfg.grad_clip, enable_progress_bar=sys.stderr.isatty(),  # piped (the flow): epoch lines only
     )
     trainer.fit(module, loader)
     wall = time.perf_counter() - start
@@ -112,6 +123,14 @@ def run(params: Params) -> dict[str, Path]:
     print(f"warmup: {len(epochs)} epoch(s) in {wall:.0f}s; ACT greedy real success {real['success']:.3f} "
           f"on {real['n']} held-out tasks", flush=True)
     return {"model": MODEL_DIR, "metrics": METRICS, "plots": EPOCH_PLOT}
+
+
+def spread(items: list, n: int) -> list:
+    """`n` items evenly spaced through `items` (all of them when n is 0 or too large):
+    the splits are ordered by domain, so every domain stays represented."""
+    if not n or n >= len(items):
+        return items
+    return [items[i * len(items) // n] for i in range(n)]
 
 
 def _logger():
