@@ -45,15 +45,22 @@ def pipeline_stages(root: Path) -> dict[str, dict]:
 @task(name="dvc-repro", task_run_name="{stage}")
 def reproduce(stage: str, root: Path, mlflow_run_id: str) -> dict:
     """`dvc repro <stage>`; returns whether it ran (vs. up to date) and how long it took."""
+    logger = get_run_logger()
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # stage cmds use this python
     env["ENVACE_MLFLOW_RUN_ID"] = mlflow_run_id  # stages log curves into their nested run
     env["MLFLOW_TRACKING_URI"] = tracking.tracking_uri(root)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "dvc", "repro", stage], cwd=root, env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", stage], cwd=root, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = []
+    for line in proc.stdout:  # streamed: a long stage (warmup) shows its epochs as they end
+        lines.append(line.rstrip())
+        if lines[-1].strip() and "%|" not in line:  # progress-bar frames stay out of the log
+            logger.info("%s | %s", stage, lines[-1])
+    proc.wait()
     seconds = time.perf_counter() - start
-    log = proc.stdout + proc.stderr
+    log = "\n".join(lines)
     if proc.returncode != 0:
         tail = "\n".join(log.strip().splitlines()[-25:])
         raise StageError(f"stage {stage!r} failed (dvc repro exit {proc.returncode}):\n{tail}")
