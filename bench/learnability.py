@@ -1,9 +1,9 @@
 """How fast does the embedded default learn to rehearse? Equal wall-clock training, side by side.
 
 Trains the default model under each variant for the same number of seconds (training time
-only, evaluation not counted; the warmup LR, held constant after its warmup steps) on the prepared train split, and prints rehearsal exact
-match (privileged facts shown, greedy) on an even spread of val at checkpoints. Needs the
-data stages first (`make run`).
+only, evaluation not counted; the warmup LR, held constant after its warmup steps) on the
+prepared train split, and prints rehearsal exact match (privileged facts shown, greedy) on
+an even spread of val at checkpoints. Needs the data stages first (`make run`).
 
     .venv/bin/python bench/learnability.py                      # embedding_std 0.02 vs 0.1, 300 s each
     .venv/bin/python bench/learnability.py --seconds 120 --variants "num_heads=4" "num_heads=8"

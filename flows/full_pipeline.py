@@ -60,11 +60,11 @@ def reproduce(stage: str, root: Path, mlflow_run_id: str) -> dict:
             logger.info("%s | %s", stage, lines[-1])
     proc.wait()
     seconds = time.perf_counter() - start
-    log = "\n".join(lines)
     if proc.returncode != 0:
-        tail = "\n".join(log.strip().splitlines()[-25:])
+        tail = "\n".join(line for line in lines[-25:] if line.strip())
         raise StageError(f"stage {stage!r} failed (dvc repro exit {proc.returncode}):\n{tail}")
-    return {"stage": stage, "ran": f"Running stage '{stage}'" in log, "seconds": round(seconds, 2)}
+    ran = any(f"Running stage '{stage}'" in line for line in lines)
+    return {"stage": stage, "ran": ran, "seconds": round(seconds, 2)}
 
 
 def _read_lock(root: Path) -> dict:
