@@ -138,6 +138,33 @@ class WarmupConfig(Section):
     seed: int = 0
 
 
+class TrainConfig(Section):
+    """Role-wise GRPO on the model's own rehearsals (or, for the baselines, another responder)."""
+
+    steps: int = Field(40, ge=0)
+    """Policy updates (the same for every variant)."""
+    tasks_per_step: int = Field(16, gt=0)
+    group_size: int = Field(8, ge=2)
+    """Episodes per task; each role's advantage is relative to its group."""
+    lr: float = Field(1e-3, gt=0)
+    grad_clip: float = Field(1.0, gt=0)
+    clip_eps: float = Field(0.2, gt=0)
+    """PPO clip range against the policy that generated the rollouts."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Updates on each rollout batch (1 = on-policy; the clip matters from the second)."""
+    normalize_std: bool = True
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the KL to the warmup model (0 = no reference model kept)."""
+    lambda_env: float = Field(1.0, ge=0)
+    """Weight of the REHEARSE loss relative to the ACT loss."""
+    leak_coef: float = Field(0.1, ge=0)
+    """Weight of the persona-leak loss (ACT's probability on response-only tokens)."""
+    process_reward: float = Field(0.0, ge=0)
+    """Weight of the per-step process reward added to the binary outcome (0 = outcome only)."""
+    temperature: float = Field(1.0, gt=0)
+    seed: int = 0
+
+
 class GateConfig(Section):
     min_rehearsal_accuracy: float = Field(0.8, ge=0)
     """Every core tool's rehearsal exact match must reach this (above 1 blocks everything)."""
@@ -155,6 +182,7 @@ class Params(Section):
     rollout: RolloutConfig = RolloutConfig()
     warmup: WarmupConfig = WarmupConfig()
     gate: GateConfig = GateConfig()
+    train: TrainConfig = TrainConfig()
 
 
 def parse_params(raw: dict, source: str = "params.yaml") -> Params:

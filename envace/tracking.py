@@ -86,3 +86,14 @@ def flatten(obj, prefix: str = "", numbers_only: bool = False) -> dict:
         elif isinstance(value, (int, float)):  # bools count: a gate's "passed" is a metric
             out[name] = float(value)
     return out
+
+
+def lightning_logger(run_name: str):
+    """Lightning's MLflow logger on the project store; inside the flow it logs into the
+    stage's own run (ENVACE_MLFLOW_RUN_ID)."""
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    root = Path.cwd()
+    return MLFlowLogger(experiment_name=EXPERIMENT, tracking_uri=tracking_uri(root), run_name=run_name,
+                        run_id=os.environ.get("ENVACE_MLFLOW_RUN_ID"), artifact_location=artifact_location(root),
+                        log_model=False)

@@ -87,3 +87,35 @@ def test_rehearsal_gate_entry_point_exits_nonzero(warmed, tmp_path):
     out = subprocess.run([sys.executable, "-m", "envace.stages.rehearsal_gate", "--params", str(tmp_path / "p.yaml")],
                          cwd=warmed, capture_output=True, text=True)
     assert out.returncode == 1 and "rehearsal gate failed: tools below 1.01" in out.stderr
+
+
+def _train_entry(warmed, tmp_path, variant):
+    import yaml
+
+    from tests.conftest import TINY_PARAMS
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
+    return subprocess.run([sys.executable, "-m", "envace.stages.train", "--params", str(tmp_path / "params.yaml"),
+                           "--variant", variant], cwd=warmed, capture_output=True, text=True)
+
+
+def test_train_envace_learns_from_rehearsals_only(warmed, tmp_path):
+    from envace.model import load
+
+    proc = _train_entry(warmed, tmp_path, "envace")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    m = json.loads((warmed / "metrics/train/envace.json").read_text())
+    assert m["steps"] == 2 and m["real_env_calls_train"] == 0 and len(m["history"]) == 2
+    assert {"reward", "success", "kl", "leak_rate", "adv_act_abs", "adv_rehearse_abs"} <= set(m["history"][0])
+    model, _ = load(warmed / "models/train/envace")
+    assert model.config.hidden_size == 32
+
+
+def test_train_sft_is_the_warmup_model_and_unknown_variants_are_refused(warmed, tmp_path):
+    proc = _train_entry(warmed, tmp_path, "sft")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((warmed / "metrics/train/sft.json").read_text())["steps"] == 0
+    assert (warmed / "models/train/sft/model.safetensors").read_bytes() == \
+        (warmed / "models/warmup/model.safetensors").read_bytes()
+    proc = _train_entry(warmed, tmp_path, "sim")
+    assert proc.returncode != 0 and "invalid choice: 'sim'" in proc.stderr

@@ -19,6 +19,7 @@ STAGES = ("collect", "prepare", "validate_data")  # the pipeline, in dvc.yaml or
 PENDING_STAGES = {
     "warmup": ("model", "roles", "rollout", "warmup", "gate"),
     "rehearsal_gate": ("gate", "rollout"),
+    "train": ("roles", "rollout", "train"),  # issue 4: a DVC `foreach` over the variants
 }
 
 
@@ -26,15 +27,17 @@ class StageFailed(RuntimeError):
     """A stage (usually a gate) refuses to pass; the message says why."""
 
 
-def main(name: str, run: Callable) -> None:
+def main(name: str, run: Callable, variants: tuple[str, ...] = ()) -> None:
     from envace.config import ParamsError, load_params
 
     parser = argparse.ArgumentParser(prog=f"python -m envace.stages.{name}", description=run.__doc__)
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
+    if variants:
+        parser.add_argument("--variant", choices=variants, default=variants[-1])
     args = parser.parse_args()
     start = time.perf_counter()
     try:
-        outputs = run(load_params(args.params))
+        outputs = run(load_params(args.params), *([args.variant] if variants else []))
     except (ParamsError, StageFailed) as err:
         print(f"{name}: {err}", file=sys.stderr)
         sys.exit(1)

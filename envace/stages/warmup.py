@@ -43,6 +43,7 @@ def run(params: Params) -> dict[str, Path]:
     from envace.model import policy_for, save
     from envace.rollout.runner import Policy
     from envace.train.data import SFTDataset, collate, length_batches
+    from envace.tracking import lightning_logger
     from envace.train.warmup import StepCurve, WarmupModule
 
     cfg, gate = params.warmup, params.gate
@@ -105,7 +106,7 @@ def run(params: Params) -> dict[str, Path]:
 
     trainer = L.Trainer(
         max_epochs=cfg.max_epochs, accelerator="auto", precision="bf16-mixed" if torch.cuda.is_available() else "32-true",
-        logger=_logger(), callbacks=[GateWatch(), StepCurve(STEP_PLOT), L.pytorch.callbacks.ModelCheckpoint(
+        logger=lightning_logger("warmup"), callbacks=[GateWatch(), StepCurve(STEP_PLOT), L.pytorch.callbacks.ModelCheckpoint(
             dirpath=CHECKPOINTS, save_last=True, save_top_k=0)],
         reload_dataloaders_every_n_epochs=1, log_every_n_steps=10, num_sanity_val_steps=0,
         gradient_clip_val=cfg.grad_clip, enable_progress_bar=sys.stderr.isatty(),  # piped (the flow): epoch lines only
@@ -131,17 +132,6 @@ def spread(items: list, n: int) -> list:
     if not n or n >= len(items):
         return items
     return [items[i * len(items) // n] for i in range(n)]
-
-
-def _logger():
-    from lightning.pytorch.loggers import MLFlowLogger
-
-    from envace.tracking import EXPERIMENT, artifact_location, tracking_uri
-
-    root = Path.cwd()
-    return MLFlowLogger(experiment_name=EXPERIMENT, tracking_uri=tracking_uri(root), run_name="warmup",
-                        run_id=os.environ.get("ENVACE_MLFLOW_RUN_ID"), artifact_location=artifact_location(root),
-                        log_model=False)
 
 
 if __name__ == "__main__":

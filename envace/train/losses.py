@@ -16,18 +16,24 @@ from envace.roles import ROLE_IDS
 ACT_ID, REHEARSE_ID = ROLE_IDS["act"], ROLE_IDS["rehearse"]
 
 
-def role_nll(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, roles: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Mean next-token NLL of the ACT targets and of the REHEARSE targets.
+def role_targets(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, roles: torch.Tensor):
+    """Logits at the positions whose next token a role wrote (others never reach the LM head).
 
     input_ids, attention_mask, roles: [B, T]; roles[b, t] is the role that wrote token t.
+    Returns logits [N, V], targets [N], who [N] (role id), row [N] (batch row).
     """
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
     target_roles = roles[:, 1:]  # [B, T-1]: who wrote the token being predicted
     selected = target_roles > 0  # [B, T-1]
-    h = hidden[:, :-1][selected]  # [N, H]
-    targets = input_ids[:, 1:][selected]  # [N]
-    who = target_roles[selected]  # [N]
-    nll = F.cross_entropy(model.get_output_embeddings()(h).float(), targets, reduction="none")  # [N]
+    row = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None].expand_as(selected)[selected]  # [N]
+    logits = model.get_output_embeddings()(hidden[:, :-1][selected]).float()  # [N, V]
+    return logits, input_ids[:, 1:][selected], target_roles[selected], row
+
+
+def role_nll(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, roles: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Mean next-token NLL of the ACT targets and of the REHEARSE targets. Inputs: [B, T]."""
+    logits, targets, who, _ = role_targets(model, input_ids, attention_mask, roles)
+    nll = F.cross_entropy(logits, targets, reduction="none")  # [N]
     out = {}
     for name, rid in (("act", ACT_ID), ("rehearse", REHEARSE_ID)):
         mine = who == rid
@@ -41,3 +47,80 @@ def warmup_loss(model, batch: dict, lambda_env: float) -> dict[str, torch.Tensor
     parts = role_nll(model, batch["input_ids"], batch["attention_mask"], batch["roles"])
     parts["loss"] = parts["act"] + lambda_env * parts["rehearse"]
     return parts
+
+
+# ---- Role-wise GRPO (DESIGN §1). E episodes, K tasks, S selected target tokens. ----------------
+
+
+def role_advantages(rewards: torch.Tensor, task_of: torch.Tensor, has_role: torch.Tensor,
+                    normalize_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """One role's advantage per episode: reward minus the mean over the episodes of the same
+    task in which this role wrote something (its own group baseline), optionally / std.
+    Episodes where the role wrote nothing get 0 and do not enter the baseline.
+
+    rewards: [E] float; task_of: [E] long (0..K-1); has_role: [E] bool → [E].
+
+    >>> role_advantages(torch.tensor([1., 0., 0., 1.]), torch.tensor([0, 0, 0, 1]),
+    ...                 torch.tensor([True, True, False, True]), normalize_std=False).tolist()
+    [0.5, -0.5, 0.0, 0.0]
+    """
+    K = int(task_of.max()) + 1 if task_of.numel() else 0
+    w = has_role.float()  # [E]
+    count = torch.zeros(K).index_add_(0, task_of, w).clamp(min=1)  # [K]
+    mean = torch.zeros(K).index_add_(0, task_of, rewards * w) / count  # [K]
+    centred = torch.where(has_role, rewards - mean[task_of], 0.0)  # [E]
+    if normalize_std:
+        var = torch.zeros(K).index_add_(0, task_of, centred**2) / count  # [K] population variance
+        centred = centred / (var.sqrt()[task_of] + eps)
+    return centred
+
+
+def per_episode_mean(values: torch.Tensor, episode_of: torch.Tensor, n_episodes: int) -> torch.Tensor:
+    """Mean of token values per episode, so each episode counts once however long it is.
+
+    values: [S]; episode_of: [S] long → [E] (0 where an episode has no tokens).
+    """
+    total = torch.zeros(n_episodes, dtype=values.dtype).index_add(0, episode_of, values)  # [E]
+    count = torch.zeros(n_episodes, dtype=values.dtype).index_add(0, episode_of, torch.ones_like(values))  # [E]
+    return total / count.clamp(min=1)
+
+
+def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantage: torch.Tensor, clip_eps: float) -> torch.Tensor:
+    """PPO-clip objective per token (to maximise). All [S]; `advantage` already per token."""
+    ratio = torch.exp(logp - old_logp)  # [S]
+    return torch.minimum(ratio * advantage, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantage)
+
+
+def kl_to_reference(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(policy ‖ reference), the unbiased non-negative k3 estimator. [S] → [S]."""
+    delta = ref_logp - logp
+    return torch.exp(delta) - delta - 1
+
+
+def grpo_role_loss(logp, old_logp, advantage, episode_of, n_episodes: int, clip_eps: float,
+                   ref_logp=None, kl_coef: float = 0.0) -> dict[str, torch.Tensor]:
+    """One role's loss: −(clipped surrogate, token-mean per episode, then mean over the episodes
+    where the role wrote), plus kl_coef · KL to the reference, averaged the same way.
+
+    logp, old_logp, ref_logp: [S] log-probs of the role's sampled tokens; advantage: [E];
+    episode_of: [S] long → {"loss", "kl", "clip_frac"} scalars.
+    """
+    wrote = torch.zeros(n_episodes, dtype=torch.bool)
+    wrote[episode_of] = True  # [E]
+    n = wrote.sum().clamp(min=1)
+    surrogate = clipped_surrogate(logp, old_logp, advantage[episode_of], clip_eps)  # [S]
+    loss = -per_episode_mean(surrogate, episode_of, n_episodes).sum() / n
+    kl = torch.zeros(())
+    if ref_logp is not None:
+        kl = per_episode_mean(kl_to_reference(logp, ref_logp), episode_of, n_episodes).sum() / n
+        loss = loss + kl_coef * kl
+    clipped = ((logp - old_logp).exp() - 1).abs() > clip_eps  # [S]
+    return {"loss": loss, "kl": kl.detach(), "clip_frac": clipped.float().mean() if clipped.numel() else torch.zeros(())}
+
+
+def leak_mass(logits: torch.Tensor, leak_ids: torch.Tensor) -> torch.Tensor:
+    """Persona-leak auxiliary loss: probability ACT puts on response-only tokens, per token.
+
+    logits: [S, V] at ACT positions; leak_ids: [M] token ids seen only in tool responses → [S].
+    """
+    return torch.softmax(logits.float(), dim=-1)[:, leak_ids].sum(-1)

@@ -1,0 +1,119 @@
+"""Role-wise GRPO: the losses (advantages per role, each episode once, PPO-clip, KL, leak)
+and one training step per variant on a tiny model."""
+
+import doctest
+
+import lightning as L
+import pytest
+import torch
+
+from envace.config import ModelConfig, RolesConfig, RolloutConfig, TrainConfig
+from envace.train import losses
+from envace.train.losses import clipped_surrogate, grpo_role_loss, kl_to_reference, leak_mass, role_advantages
+
+
+def test_losses_doctests():
+    assert doctest.testmod(losses).failed == 0
+
+
+def test_role_baseline_is_per_task_and_per_role():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    task_of = torch.tensor([0, 0, 0, 1, 1, 1])
+    everyone = torch.ones(6, dtype=torch.bool)
+    adv = role_advantages(rewards, task_of, everyone, normalize_std=False)
+    assert torch.allclose(adv, torch.tensor([1 / 3, -2 / 3, 1 / 3, 2 / 3, -1 / 3, -1 / 3]))
+    # an episode in which the role wrote nothing neither gets an advantage nor shifts the baseline
+    some = torch.tensor([True, True, False, True, True, True])
+    adv = role_advantages(rewards, task_of, some, normalize_std=False)
+    assert adv[2] == 0 and torch.allclose(adv[:2], torch.tensor([0.5, -0.5]))
+    # std normalisation: unit scale within a group; a group with equal rewards gives 0, not NaN
+    adv = role_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1]), torch.ones(4, dtype=torch.bool))
+    assert torch.allclose(adv, torch.tensor([1.0, -1.0, 0.0, 0.0]), atol=1e-4)
+
+
+def test_each_episode_counts_once_per_role_however_many_tokens_it_has():
+    # episode 0: 1 token with advantage +1; episode 1: 9 tokens with advantage -1
+    episode_of = torch.tensor([0] + [1] * 9)
+    logp = torch.zeros(10, requires_grad=True)
+    out = grpo_role_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), episode_of, 2, clip_eps=0.2)
+    assert out["loss"].item() == pytest.approx(0.0)  # (−1 + 1) / 2: the long episode does not dominate
+    out["loss"].backward()
+    assert logp.grad[0].item() == pytest.approx(-0.5) and logp.grad[1:].sum().item() == pytest.approx(0.5)
+
+
+def test_ppo_clip_stops_the_gradient_outside_the_trust_region():
+    old = torch.zeros(2)
+    logp = torch.log(torch.tensor([1.5, 1.1])).requires_grad_(True)  # ratios 1.5 (clipped) and 1.1
+    clipped_surrogate(logp, old, torch.tensor([1.0, 1.0]), 0.2).sum().backward()
+    assert logp.grad[0] == 0 and logp.grad[1] > 0
+
+
+def test_kl_is_zero_at_the_reference_and_positive_elsewhere():
+    ref = torch.log(torch.tensor([0.5, 0.2]))
+    assert torch.allclose(kl_to_reference(ref, ref), torch.zeros(2))
+    assert (kl_to_reference(ref + 0.3, ref) > 0).all()
+
+
+def test_leak_mass_is_the_probability_on_response_only_tokens():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
+    assert leak_mass(logits, torch.tensor([1, 2])).item() == pytest.approx(0.3)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(prepared_dir):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(prepared_dir / "data/prepared/tokenizer")
+
+
+def _module(tokenizer, variant, **overrides):
+    from envace.domains import get_domain
+    from envace.data.demonstrations import generate_tasks
+    from envace.model import build_default
+    from envace.rollout.runner import Policy
+    from envace.train.grpo import GRPOModule, leak_token_ids
+
+    model = build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer)
+    policy = Policy(model, tokenizer)
+    cfg = TrainConfig(tasks_per_step=2, group_size=2, **overrides)
+    rollout = RolloutConfig(max_turns=2, max_calls_per_turn=2, max_new_tokens=12, batch_size=8)
+    leak = leak_token_ids(tokenizer, ['{"balance":120}'], ['[{"name":"get_balance","arguments":{"account_id":"A12"}}]'])
+    simulator = Policy(build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                                                 seed=1), tokenizer), tokenizer)
+    tasks = generate_tasks(get_domain("bank"), 6, seed=0)
+    return GRPOModule(policy, tasks, variant, cfg, rollout, RolesConfig(), leak, simulator=simulator)
+
+
+def _train(module, steps=2):
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, torch.utils.data.DataLoader(range(steps), batch_size=1))
+    return trainer
+
+
+@pytest.mark.parametrize("variant, real", [("envace", False), ("simulator", False), ("real_env", True)])
+def test_a_training_step_per_variant(tokenizer, variant, real):
+    module = _module(tokenizer, variant, kl_coef=0.1)
+    before = [p.detach().clone() for p in module.model.parameters()]
+    _train(module)
+    assert [h["step"] for h in module.history] == [0, 1]
+    assert set(module.history[0]) >= {"reward", "success", "adv_act_abs", "adv_rehearse_abs", "kl", "leak_rate",
+                                      "real_calls", "tokens_per_s"}
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.model.parameters()))
+    if not real:
+        assert module.real_calls == 0  # the RL loop never touches the environment
+
+
+def test_envace_rehearsals_are_trained_and_simulator_outputs_are_not(tokenizer):
+    from envace.roles import REHEARSE
+    from envace.rollout.runner import SIMULATOR, Episode, Generation
+    from envace.train.grpo import generation_rows
+
+    e = Episode(task=None, messages=[], generations=[Generation(REHEARSE, [1, 2], [3]), Generation(SIMULATOR, [1], [4])])
+    rows, episode_of = generation_rows([e])
+    assert rows == [([1, 2, 3], [0, 0, 2])] and episode_of == [0]
+
+
+def test_unknown_variant_is_named(tokenizer):
+    with pytest.raises(ValueError, match="unknown variant 'sim'"):
+        _module(tokenizer, "sim")
