@@ -36,7 +36,8 @@ def train_for(overrides: dict, seconds: float, checkpoints: int, params) -> list
     model = build_default(cfg, tokenizer)
     policy = Policy(model, tokenizer)
     data = SFTDataset(list(read_jsonl(PREPARED / "train.jsonl")), policy.template, tokenizer,
-                      params.roles.privileged_dropout, w.seed, max_repeat=w.rare_tool_repeat)
+                      params.roles.privileged_dropout, w.seed, max_repeat=w.rare_tool_repeat,
+                      relabel_rate=w.relabel_rate)
     val = spread(list(read_jsonl(PREPARED / "val.jsonl")), w.check_episodes)
     opt = torch.optim.AdamW(model.parameters(), lr=w.lr, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, w.warmup_steps)))

@@ -130,6 +130,9 @@ class WarmupConfig(Section):
     rare_tool_repeat: int = Field(4, ge=1)
     """Episodes calling a rare tool appear up to this often per epoch, both roles
     (1 = no oversampling)."""
+    relabel_rate: float = Field(0.5, ge=0, le=1)
+    """Share of examples whose names (ids, file names, owners) are renamed consistently each
+    epoch, so copying pays and memorising frequent names does not (0 = off)."""
     check_episodes: int = Field(120, ge=0)
     """Validation episodes (an even spread) on which the gate is checked after each epoch
     (0 = all of them)."""

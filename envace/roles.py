@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from envace.data.tokenizer import compact_json
+from envace.data.tokenizer import compact_json, model_json, unindexed
 from envace.domains.base import Tool, argument_error
 
 ACT, REHEARSE = "act", "rehearse"
@@ -87,7 +87,7 @@ class MinimalTemplate:
         for act_msg, tool_msgs in _pairs(messages):
             segs.append(Segment("<|act|>"))
             segs.append(Segment(act_text(act_msg) + self.end, ACT if train else None))
-            segs += [Segment(f"<|tool|>{compact_json(t['response'])}") for t in tool_msgs]
+            segs += [Segment(f"<|tool|>{model_json(t['response'])}") for t in tool_msgs]
         return segs
 
     def act_prompt(self, tools, request, messages) -> list[Segment]:
@@ -103,10 +103,10 @@ class MinimalTemplate:
         for call, facts, response in steps:
             text = f"<|act|>{compact_json({'name': call['name'], 'arguments': call['arguments']})}"
             if facts is not None:
-                text += f"<|facts|>{compact_json(facts)}"
+                text += f"<|facts|>{model_json(facts)}"
             segs.append(Segment(text + "<|rehearse|>"))
             if response is not None:
-                segs.append(Segment(compact_json(response) + self.end, REHEARSE if train else None))
+                segs.append(Segment(model_json(response) + self.end, REHEARSE if train else None))
         return segs
 
 
@@ -144,7 +144,7 @@ class ChatTemplate:
             targets.add(len(chat))
             chat.append({"role": "assistant", "content": act_text(act_msg)})
             if tool_msgs:
-                chat.append({"role": "user", "content": "Tool responses: " + " ".join(compact_json(t["response"]) for t in tool_msgs)})
+                chat.append({"role": "user", "content": "Tool responses: " + " ".join(model_json(t["response"]) for t in tool_msgs)})
         return self._segments(chat, targets if train else set(), ACT)
 
     def act_prompt(self, tools, request, messages) -> list[Segment]:
@@ -159,11 +159,11 @@ class ChatTemplate:
             text = f"Request: {request}\n" if i == 0 else ""
             text += f"Call: {compact_json({'name': call['name'], 'arguments': call['arguments']})}"
             if facts is not None:
-                text += f"\nFacts: {compact_json(facts)}"
+                text += f"\nFacts: {model_json(facts)}"
             chat.append({"role": "user", "content": text})
             if response is not None:
                 targets.add(len(chat))
-                chat.append({"role": "assistant", "content": compact_json(response)})
+                chat.append({"role": "assistant", "content": model_json(response)})
         return self._segments(chat, targets if train else set(), REHEARSE)
 
 
@@ -230,7 +230,7 @@ def parse_rehearse(text: str, end: str = MinimalTemplate.end) -> dict | Failure:
         return Failure("rehearse_not_json", text)
     if not isinstance(value, dict):
         return Failure("rehearse_not_object", text)
-    return value
+    return unindexed(value)
 
 
 def canonical(response: Any) -> str:

@@ -670,3 +670,29 @@ def test_trading_nonpositive_amount_has_a_specific_code():
     symbol = next(iter(task.scenario["stocks"]))
     reply = backend.execute({"name": "place_order", "arguments": {"order_type": "Buy", "symbol": symbol, "price": 10.5, "amount": 0}})
     assert reply["error"] == {"code": "invalid_argument", "message": "Price and amount must be positive values."}
+
+
+@pytest.mark.parametrize("name", [d for d in DOMAINS if get_domain(d).interchangeable])
+def test_renaming_interchangeable_names_keeps_episodes_valid(name, prepared_dir):
+    """What warmup's relabelling relies on: rename the names of an episode consistently and
+    the real backend gives exactly the renamed responses."""
+    import json
+    import random
+    import re
+
+    from envace.io import read_jsonl
+    from envace.train.data import recorded_calls
+
+    domain = get_domain(name)
+    rng = random.Random(0)
+    episodes = [e for e in read_jsonl(prepared_dir / "data/prepared/train.jsonl") if e["task"]["domain"] == name]
+    assert episodes
+    for episode in episodes[:40]:
+        mapping = {}
+        for cls in domain.interchangeable:
+            mapping.update(zip(cls, rng.sample(cls, len(cls))))
+        word = re.compile(r"(?<![A-Za-z0-9_.$-])[A-Za-z0-9_]+(?:[.\-][A-Za-z0-9_]+)*(?![A-Za-z0-9_-])")
+        renamed = json.loads(word.sub(lambda m: mapping.get(m.group(0), m.group(0)), json.dumps(episode)))
+        backend = domain.backend(renamed["task"]["scenario"])
+        for call, response in recorded_calls(renamed):
+            assert backend.execute(call, [t["function"]["name"] for t in renamed["task"]["tools"]]) == response

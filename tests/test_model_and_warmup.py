@@ -168,3 +168,25 @@ def test_no_targets_means_zero_loss_and_zero_gradient(model):
     loss.backward()
     assert loss.item() == 0.0
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+def test_relabelled_examples_rename_names_consistently_and_nothing_else(prepared_dir, tokenizer):
+    from envace.io import read_jsonl
+    from envace.roles import MinimalTemplate
+    from envace.train.data import SFTDataset
+
+    episodes = list(read_jsonl(prepared_dir / "data/prepared/train.jsonl"))[:60]
+    plain = SFTDataset(episodes, MinimalTemplate(), tokenizer, 0.0)
+    renamed = SFTDataset(episodes, MinimalTemplate(), tokenizer, 0.0, relabel_rate=1.0)
+    names = {i for cls in renamed.classes for i in cls}
+    assert len(renamed.classes) >= 4 and len(names) > 50  # owners, account ids, file names, folder names, ids
+    changed = 0
+    for (a, ra), (b, rb) in zip(plain.examples, renamed.examples):
+        assert ra == rb and len(a) == len(b)
+        mapping = {}
+        for x, y in zip(a, b):
+            assert (x == y) if x not in names else mapping.setdefault(x, y) == y  # one name -> one name
+        assert len(set(mapping.values())) == len(mapping)  # and never two names -> one
+        assert all(any(x in c and y in c for c in renamed.classes) for x, y in mapping.items())  # within its class
+        changed += a != b
+    assert changed > len(plain.examples) // 2

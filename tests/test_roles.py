@@ -137,3 +137,18 @@ def test_rehearse_output_must_be_one_json_object(text, ok):
 
 def test_canonical_json_ignores_key_order():
     assert canonical({"b": 1, "a": [1, {"d": 2, "c": 3}]}) == canonical({"a": [1, {"c": 3, "d": 2}], "b": 1})
+
+
+def test_lists_reach_the_model_indexed_and_come_back_as_lists(tokenizer):
+    call = {"name": "list_folder", "arguments": {"folder_id": "D12"}}
+    facts = {"folder": {"folder_id": "D12", "files": ["q1.txt", "memo.pdf"]}}
+    response = {"folder_id": "D12", "files": ["q1.txt", "memo.pdf"]}
+    segs = MinimalTemplate().rehearse([], "List D12.", [(call, facts, response)])
+    written = "".join(s.text for s in segs if s.role == REHEARSE)
+    assert written == '{"folder_id":"D12","files":{"$0":"q1.txt","$1":"memo.pdf"}}<|end|>'
+    assert '"files":{"$0":"q1.txt"' in segs[-2].text  # the facts use the same spelling
+    assert parse_rehearse(written) == response
+    assert parse_rehearse('{"files":[],"n":{"$1":2}}') == {"files": [], "n": {"$1": 2}}  # only $0..$n-1 is a list
+    # each element follows its own key piece, one token, as every field value does
+    ids = tokenizer.encode('"files":{"$0":"q1.txt","$1":"memo.pdf"}', add_special_tokens=False)
+    assert {'"$0":"', '"$1":"'} <= set(tokenizer.convert_ids_to_tokens(ids))

@@ -33,6 +33,44 @@ def compact_json(obj) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
+def indexed(obj):
+    """Lists of plain values become {"$0": a, "$1": b, ...} (recursively; [] stays []).
+
+    >>> indexed({"files": ["a.txt", "b.txt"], "rows": [{"x": []}]})
+    {'files': {'$0': 'a.txt', '$1': 'b.txt'}, 'rows': [{'x': []}]}
+    """
+    if isinstance(obj, list):
+        if obj and not any(isinstance(v, (dict, list)) for v in obj):
+            return {f"${i}": v for i, v in enumerate(obj)}
+        return [indexed(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: indexed(v) for k, v in obj.items()}
+    return obj
+
+
+def unindexed(obj):
+    """The inverse of `indexed`.
+
+    >>> unindexed({"files": {"$0": "a.txt", "$1": "b.txt"}, "n": {"$1": 2}})
+    {'files': ['a.txt', 'b.txt'], 'n': {'$1': 2}}
+    """
+    if isinstance(obj, dict):
+        if obj and list(obj) == [f"${i}" for i in range(len(obj))]:
+            return [unindexed(v) for v in obj.values()]
+        return {k: unindexed(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [unindexed(v) for v in obj]
+    return obj
+
+
+def model_json(obj) -> str:
+    """How the model reads and writes tool responses and facts: compact JSON whose lists of
+    plain values are `indexed`, so every element follows its own key piece (`"$1":"`) and is
+    copied like any field. A 2-layer model copies fields by key but never learned to copy a
+    bare list (`["a","b"]`: 0.44 exact, only the empty lists right; README, Learnability)."""
+    return compact_json(indexed(obj))
+
+
 def episode_texts(episode: dict) -> Iterator[str]:
     """The strings of an episode a model will read or write."""
     for m in episode.get("messages", []):
@@ -43,7 +81,7 @@ def episode_texts(episode: dict) -> Iterator[str]:
         elif "answer" in m:
             yield compact_json({"answer": m["answer"]})
         elif m.get("role") == "tool":
-            yield compact_json(m["response"])
+            yield model_json(m["response"])
 
 
 def schema_texts(schemas: Iterable[dict]) -> Iterator[str]:

@@ -154,4 +154,5 @@ def demonstrate(task: Task, mistakes: Mistakes) -> Script:
     return f"Sent {s['amount']}."
 
 
-DOMAIN = Domain("bank", BankBackend, TASK_TYPES, make_task, demonstrate)
+DOMAIN = Domain("bank", BankBackend, TASK_TYPES, make_task, demonstrate,
+                interchangeable=(tuple(OWNERS), tuple(ACCOUNT_IDS)))

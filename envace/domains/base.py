@@ -193,6 +193,9 @@ class Domain:
     make_task: Callable[[random.Random, str, str], Task]
     """(rng, task_type, task_id) -> a task without ground truth (see `generate_tasks`)."""
     demonstrate: Callable[[Task, "Mistakes"], Script]
+    interchangeable: tuple[tuple[str, ...], ...] = ()
+    """Classes of names (ids, file names, owners) that the backend only compares for
+    equality: renaming them consistently within an episode leaves it valid."""
 
     @property
     def tools(self) -> tuple[Tool, ...]:

@@ -204,4 +204,5 @@ def demonstrate(task: Task, mistakes: Mistakes) -> Script:
     return "Deleted."
 
 
-DOMAIN = Domain("files", FilesBackend, TASK_TYPES, make_task, demonstrate)
+DOMAIN = Domain("files", FilesBackend, TASK_TYPES, make_task, demonstrate,
+                interchangeable=tuple(map(tuple, (FILE_NAMES, FOLDER_NAMES, FOLDER_IDS, FILE_IDS))))

@@ -5,7 +5,9 @@ REHEARSE sequence (every recorded call with its real response, each response a t
 The privileged facts of each call are dropped with probability `privileged_dropout`,
 redrawn each epoch. Episodes that call a rare tool appear more than once per epoch (see
 `repeats`): the gate holds every core tool to the same bar, and a tool the demonstrator
-seldom calls would otherwise give both roles too few examples to learn it.
+seldom calls would otherwise give both roles too few examples to learn it. A share of the
+examples is `relabel`led each epoch (names renamed consistently): a tiny model otherwise
+memorises which names are frequent instead of copying the ones in front of it.
 """
 
 from __future__ import annotations
@@ -55,6 +57,24 @@ def repeats(episodes: list[dict], max_repeat: int) -> list[int]:
             for names in calls]
 
 
+def relabel_classes(tokenizer, domains) -> list[list[int]]:
+    """Token ids of each interchangeable class of names (those that are one token)."""
+    vocab = tokenizer.get_vocab()
+    return [ids for d in domains for names in d.interchangeable if len(ids := [vocab[n] for n in names if n in vocab]) > 1]
+
+
+def relabel(ids: list[int], classes: list[list[int]], rng: random.Random) -> list[int]:
+    """Rename every name consistently: a random permutation within each class.
+
+    >>> relabel([5, 1, 5, 2, 9], [[1, 2, 3]], random.Random(0))
+    [5, 2, 5, 3, 9]
+    """
+    mapping = {}
+    for cls in classes:
+        mapping.update(zip(cls, rng.sample(cls, len(cls))))
+    return [mapping.get(i, i) for i in ids]
+
+
 def episode_examples(episode: dict, template, tokenizer, rng: random.Random, privileged_dropout: float):
     """[(ids, roles)] for one episode: its ACT conversation and its REHEARSE conversation."""
     task = episode["task"]
@@ -71,16 +91,19 @@ class SFTDataset(torch.utils.data.Dataset):
     """Examples for one epoch; call `resample(epoch)` to redraw the privileged dropout."""
 
     def __init__(self, episodes: list[dict], template, tokenizer, privileged_dropout: float, seed: int = 0,
-                 max_len: int = 1024, max_repeat: int = 1):
+                 max_len: int = 1024, max_repeat: int = 1, relabel_rate: float = 0.0):
         self.episodes, self.template, self.tokenizer = episodes, template, tokenizer
         self.dropout, self.seed, self.max_len = privileged_dropout, seed, max_len
         self.repeats = repeats(episodes, max_repeat)
+        self.relabel_rate = relabel_rate
+        self.classes = relabel_classes(tokenizer, {get_domain(e["task"]["domain"]) for e in episodes})
         self.resample(0)
 
     def resample(self, epoch: int) -> None:
         rng = random.Random(f"{self.seed}-{epoch}")
         self.examples = [
-            (ids[: self.max_len], roles[: self.max_len])
+            ((relabel(ids, self.classes, rng) if rng.random() < self.relabel_rate else ids)[: self.max_len],
+             roles[: self.max_len])
             for ep, repeat in zip(self.episodes, self.repeats)
             for _ in range(repeat)  # each repeat draws its own privileged dropout
             for ids, roles in episode_examples(ep, self.template, self.tokenizer, rng, self.dropout)
