@@ -42,7 +42,7 @@ def pipeline_stages(root: Path) -> dict[str, dict]:
     return yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
 
 
-@task(name="dvc-repro", task_run_name="{stage}")
+@task(name="dvc-repro", task_run_name="{stage}", log_prints=False)  # stage lines: terminal + logger
 def reproduce(stage: str, root: Path, mlflow_run_id: str) -> dict:
     """`dvc repro <stage>`; returns whether it ran (vs. up to date) and how long it took."""
     logger = get_run_logger()
@@ -57,7 +57,8 @@ def reproduce(stage: str, root: Path, mlflow_run_id: str) -> dict:
     for line in proc.stdout:  # streamed: a long stage (warmup) shows its epochs as they end
         lines.append(line.rstrip())
         if lines[-1].strip() and "%|" not in line:  # progress-bar frames stay out of the log
-            logger.info("%s | %s", stage, lines[-1])
+            logger.info("%s | %s", stage, lines[-1])  # the Prefect UI
+            print(f"{stage} | {lines[-1]}", flush=True)  # the terminal (make run logs Prefect at WARNING)
     proc.wait()
     seconds = time.perf_counter() - start
     if proc.returncode != 0:

@@ -424,7 +424,7 @@ def test_trading_backend_does_not_mutate_its_scenario():
 
 def test_trading_facts_of_place_order(trading):
     facts = trading.facts(call("place_order", order_type="Buy", symbol="AAPL", price=100.0, amount=1))
-    assert facts == {"next_order_id": 1003, "symbol_exists": True, "balance_covers_order": True}
+    assert facts == {"new_order": {"order_id": 1003}, "symbol_exists": True, "balance_covers_order": True}
     too_big = trading.facts(call("place_order", order_type="Buy", symbol="AAPL", price=100.0, amount=10**6))
     assert too_big["balance_covers_order"] is False
 

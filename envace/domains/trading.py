@@ -106,8 +106,8 @@ class TradingBackend(Backend):
         return {k: copy.deepcopy(v) for k, v in vars(self.bot).items() if not k.startswith("_")}
 
     def facts(self, call: dict) -> dict:
-        """Only what the call touches (a stock, an order, the account), plus, for an order,
-        the id it would get and whether the balance covers it."""
+        """Only what the call touches (a stock, an order, the account), plus, for a new order,
+        the id it would get (under the response's own key) and whether the balance covers it."""
         args, bot, name = call.get("arguments") or {}, self.bot, call.get("name")
         facts: dict = {}
         if name == "get_symbol_by_name":
@@ -120,7 +120,7 @@ class TradingBackend(Backend):
             facts["account_info"] = bot.account_info
         elif name == "place_order":
             price, amount = args.get("price"), args.get("amount")
-            facts["next_order_id"] = bot.order_counter
+            facts["new_order"] = {"order_id": bot.order_counter}
             facts["symbol_exists"] = args.get("symbol") in bot.stocks
             facts["balance_covers_order"] = (isinstance(price, (int, float)) and isinstance(amount, int)
                                              and price * amount <= bot.account_info["balance"])
@@ -219,4 +219,7 @@ def demonstrate(task: Task, mistakes: Mistakes) -> Script:
     return "Cancelled."
 
 
-DOMAIN = Domain("trading", TradingBackend, TASK_TYPES, make_task, demonstrate)
+# Order ids are only compared for equality (one order per episode, so the counter's +1
+# never matters); symbols are not interchangeable: BFCL's name -> symbol map is fixed.
+DOMAIN = Domain("trading", TradingBackend, TASK_TYPES, make_task, demonstrate,
+                interchangeable=(tuple(str(i) for i in ORDER_IDS),))

@@ -13,9 +13,9 @@ from typing import Callable
 
 STAGES = ("collect", "prepare", "validate_data")  # the pipeline, in dvc.yaml order
 
-# Stages whose modules work but are not in dvc.yaml yet (issue 3 is open): the embedded
-# default does not reach the rehearsal gate within the CPU budget yet, and a default
-# `make run` must not fail. Each maps to the params sections it reads.
+# Stages whose modules work but are not in dvc.yaml yet, with the params sections they read:
+# the embedded default does not pass the rehearsal gate by default yet (`list_folder`, see
+# README), and a default `make run` must not fail.
 PENDING_STAGES = {
     "warmup": ("model", "roles", "rollout", "warmup", "gate"),
     "rehearsal_gate": ("gate", "rollout"),
