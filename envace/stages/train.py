@@ -28,7 +28,7 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     import lightning as L
     import torch
 
-    from envace.data.tokenizer import compact_json
+    from envace.data.tokenizer import model_json
     from envace.domains.base import Task
     from envace.model import load, save
     from envace.roles import act_text
@@ -55,7 +55,7 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     episodes = list(read_jsonl(PREPARED / "train.jsonl"))
     tasks = [Task.from_dict(e["task"]) for e in episodes]
     messages = [m for e in episodes for m in e["messages"]]
-    leak = leak_token_ids(tokenizer, [compact_json(m["response"]) for m in messages if m["role"] == "tool"],
+    leak = leak_token_ids(tokenizer, [model_json(m["response"]) for m in messages if m["role"] == "tool"],
                           [act_text(m) for m in messages if m["role"] == "act"])
     simulator = Policy(load(WARMUP_DIR)[0].eval(), tokenizer) if variant == "simulator" else None
     module = GRPOModule(policy, tasks, variant, cfg, params.rollout, params.roles, leak, simulator=simulator)

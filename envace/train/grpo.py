@@ -90,11 +90,9 @@ class GRPOModule(L.LightningModule):
     def __init__(self, policy: Policy, tasks: list[Task], variant: str, cfg: TrainConfig, rollout: RolloutConfig,
                  roles: RolesConfig, leak_ids: torch.Tensor, simulator: Policy | None = None):
         super().__init__()
-        if variant not in VARIANTS[1:]:
-            raise ValueError(f"unknown variant {variant!r}: expected one of {', '.join(VARIANTS[1:])}")
         self.automatic_optimization = False
         self.policy, self.model = policy, policy.model
-        self.tasks, self.variant, self.cfg, self.rollout = tasks, variant, cfg, rollout
+        self.tasks, self.variant, self.cfg = tasks, variant, cfg
         self.register_buffer("leak_ids", leak_ids, persistent=False)
         self.leak_set = set(leak_ids.tolist())
         self.reference = copy.deepcopy(policy.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
@@ -122,8 +120,8 @@ class GRPOModule(L.LightningModule):
         for (_, roles), e in zip(rows, episode_of):
             has[max(roles)][e] = True
         advantages = {rid: role_advantages(rewards, task_of, has[rid], self.cfg.normalize_std) for rid in has}
-        old = self._logprobs(rows, episode_of, self.model)
-        ref = self._logprobs(rows, episode_of, self.reference) if self.reference is not None else None
+        old = self._logprobs(rows, self.model)
+        ref = self._logprobs(rows, self.reference) if self.reference is not None else None
         self.model.train()
         opt = self.optimizers()
         for _ in range(self.cfg.ppo_epochs):
@@ -154,7 +152,7 @@ class GRPOModule(L.LightningModule):
                                                      b["attention_mask"].to(self.device), b["roles"].to(self.device))
             yield logits, targets, who, row + lo
 
-    def _logprobs(self, rows, episode_of, model) -> torch.Tensor:
+    def _logprobs(self, rows, model) -> torch.Tensor:
         with torch.no_grad():
             return torch.cat([-F.cross_entropy(lg, t, reduction="none") for lg, t, _, _ in self._forward(rows, model)])
 
