@@ -13,14 +13,18 @@ def _run(args) -> int:
 
     root = Path(args.project_dir).resolve()
     env.configure(root)
-    from flows.full_pipeline import envace_flow
+    from flows.full_pipeline import DEFAULT_UNTIL, envace_flow
 
+    until = None if args.all else (args.until or DEFAULT_UNTIL)
     try:
-        summary = envace_flow(project_dir=str(root))
+        summary = envace_flow(project_dir=str(root), until=until)
     except Exception as err:  # the flow already logged the details
         print(f"\nenvace run FAILED: {err}", file=sys.stderr)
         return 1
     print(where_to_look(root, summary))
+    if until == DEFAULT_UNTIL and not args.until:
+        print(f"\nStopped after {DEFAULT_UNTIL} (the default until the embedded model passes the rehearsal gate; "
+              "README). `envace run --all` (or `dvc repro`) runs warmup, the gate, train and evaluate.")
     return 0
 
 
@@ -39,16 +43,22 @@ def where_to_look(root: Path, summary: dict) -> str:
         lines.append(f"demonstrator success (real backends): {rate:.1%}")
     if data.exists():
         lines.append(f"splits: {json.loads(data.read_text())['splits']}")
+    ran = set(summary["stages"])
     warmup, rehearsal = root / "metrics" / "warmup.json", root / "metrics" / "rehearsal.json"
-    if warmup.exists():
+    evaluation = root / "metrics" / "eval.json"
+    if "warmup" in ran and warmup.exists():
         w = json.loads(warmup.read_text())
         lines.append(f"warmup: {w['epochs']} epoch(s), {w['wall_s']:.0f}s; ACT greedy success in the real backends "
                      f"{w['real_success']:.1%} on {w['real']['n']} held-out tasks")
-    if rehearsal.exists():
+    if "rehearsal_gate" in ran and rehearsal.exists():
         r = json.loads(rehearsal.read_text())
         lines.append(f"rehearsal exact match: {r['overall']:.1%} with privileged facts, "
                      f"{r['overall_without_privileged']:.1%} without (gate {r['threshold']}: "
                      f"{'passed' if r['passed'] else 'FAILED'})")
+    if "evaluate" in ran and evaluation.exists():
+        for name, v in json.loads(evaluation.read_text())["variants"].items():
+            lines.append(f"evaluate {name:<10} success {v['success']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}] "
+                         f"on {v['n']} held-out tasks; real-backend calls in training {v['real_env_calls_train']}")
     lines += [
         "",
         "Where to look:",
@@ -68,7 +78,7 @@ def _stage(args) -> int:
     if args.name not in STAGES:
         print(f"unknown stage {args.name!r}; stages: {', '.join(STAGES)}", file=sys.stderr)
         return 2
-    sys.argv = [f"envace.stages.{args.name}", "--params", args.params]
+    sys.argv = [f"envace.stages.{args.name}", "--params", args.params, *(["--variant", args.variant] if args.variant else [])]
     runpy.run_module(f"envace.stages.{args.name}", run_name="__main__")
     return 0
 
@@ -92,12 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         "`envace run` runs the whole pipeline (Prefect flow over DVC stages).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("run", help="run the whole pipeline: the Prefect flow 'envace' over the DVC stages")
+    p = sub.add_parser("run", help="run the pipeline: the Prefect flow 'envace' over the DVC stages")
     p.add_argument("--project-dir", default=".", help="project root holding dvc.yaml and params.yaml")
+    p.add_argument("--until", help="stop after this stage (default: validate_data, see README)")
+    p.add_argument("--all", action="store_true", help="run every stage: warmup, rehearsal_gate, train, evaluate too")
     p.set_defaults(func=_run)
     p = sub.add_parser("stage", help="run one stage directly (no DVC, no tracking)")
-    p.add_argument("name", help="collect | prepare | validate_data")
+    p.add_argument("name", help="collect | prepare | validate_data | warmup | rehearsal_gate | train | evaluate")
     p.add_argument("--params", default="params.yaml")
+    p.add_argument("--variant", help="train only: sft | real_env | simulator | envace (default envace)")
     p.set_defaults(func=_stage)
     p = sub.add_parser("check-params", help="validate params.yaml against the typed config")
     p.add_argument("--params", default="params.yaml")

@@ -133,6 +133,9 @@ class WarmupConfig(Section):
     relabel_rate: float = Field(0.5, ge=0, le=1)
     """Share of examples whose names (ids, file names, owners) are renamed consistently each
     epoch, so copying pays and memorising frequent names does not (0 = off)."""
+    probe_rate: float = Field(0.5, ge=0, le=1)
+    """Share of episodes that also give REHEARSE their domain's read-only probes of the
+    scenario, answered by the real backend (list_folder: seldom called by the demonstrator)."""
     check_episodes: int = Field(120, ge=0)
     """Validation episodes (an even spread) on which the gate is checked after each epoch
     (0 = all of them)."""
@@ -168,6 +171,15 @@ class TrainConfig(Section):
     seed: int = 0
 
 
+class EvaluateConfig(Section):
+    """Every variant plays the held-out test tasks greedily in the real backends."""
+
+    tasks: int = Field(0, ge=0)
+    """Test tasks per variant, an even spread (0 = all of them)."""
+    rehearsal: bool = True
+    """Also measure rehearsal accuracy on the test responses (with and without facts)."""
+
+
 class GateConfig(Section):
     min_rehearsal_accuracy: float = Field(0.8, ge=0)
     """Every core tool's rehearsal exact match must reach this (above 1 blocks everything)."""
@@ -186,6 +198,7 @@ class Params(Section):
     warmup: WarmupConfig = WarmupConfig()
     gate: GateConfig = GateConfig()
     train: TrainConfig = TrainConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
 
 
 def parse_params(raw: dict, source: str = "params.yaml") -> Params:

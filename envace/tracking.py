@@ -55,6 +55,19 @@ def stage_run(parent, stage: str):
         yield run
 
 
+@contextmanager
+def variant_run(run_name: str, tags: dict[str, str]):
+    """A run of its own for one evaluated variant, so the MLflow UI compares variants side by
+    side; inside the flow it is nested under the stage's run (ENVACE_MLFLOW_RUN_ID)."""
+    import mlflow
+
+    root = Path.cwd()
+    (root / ".mlflow").mkdir(exist_ok=True)
+    with mlflow.start_run(experiment_id=_experiment_id(root), run_name=run_name, tags=tags,
+                          parent_run_id=os.environ.get("ENVACE_MLFLOW_RUN_ID")) as run:
+        yield run
+
+
 def log_to_run(params: dict, metrics: dict, tags: dict, artifacts=()) -> None:
     """Params, metrics, tags and files for the active run."""
     import mlflow

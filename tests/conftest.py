@@ -37,10 +37,14 @@ TINY_PARAMS = {
 
 
 def make_project(path: Path, params: dict = TINY_PARAMS, dvc: bool = True) -> Path:
-    """A throwaway project dir: our dvc.yaml, the given params, `dvc init --no-scm`."""
+    """A throwaway project dir: our dvc.yaml, the given params (every section written out),
+    `dvc init --no-scm`."""
     path.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "dvc.yaml", path / "dvc.yaml")
-    (path / "params.yaml").write_text(yaml.safe_dump(params))
+    # every section written out (defaults filled in): DVC needs each section a stage lists
+    from envace.config import parse_params
+
+    (path / "params.yaml").write_text(yaml.safe_dump(parse_params(params).model_dump()))
     # stage deps name source files: link the package so DVC can hash them
     (path / "envace").symlink_to(ROOT / "envace")
     if dvc:

@@ -1,4 +1,4 @@
-"""The warmup and rehearsal_gate stages end to end on the tiny profile (their real entry points)."""
+"""The warmup, rehearsal_gate, train and evaluate stages end to end on the tiny profile (real entry points)."""
 
 import json
 import os
@@ -119,3 +119,111 @@ def test_train_sft_is_the_warmup_model_and_unknown_variants_are_refused(warmed, 
         (warmed / "models/warmup/model.safetensors").read_bytes()
     proc = _train_entry(warmed, tmp_path, "sim")
     assert proc.returncode != 0 and "invalid choice: 'sim'" in proc.stderr
+
+
+def _params_file(tmp_path, **sections):
+    import yaml
+
+    from tests.conftest import TINY_PARAMS
+
+    params = json.loads(json.dumps(TINY_PARAMS))
+    for name, values in sections.items():
+        params[name].update(values)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    return tmp_path / "params.yaml"
+
+
+def test_train_killed_mid_run_resumes_from_its_checkpoint(warmed, tmp_path):
+    import signal
+    import time
+
+    fresh, killed = tmp_path / "fresh", tmp_path / "killed"
+    for d in (fresh, killed):
+        shutil.copytree(warmed / "data", d / "data")
+        shutil.copytree(warmed / "models/warmup", d / "models/warmup")
+    params = _params_file(tmp_path, train={"steps": 6})
+    cmd = [sys.executable, "-m", "envace.stages.train", "--params", str(params), "--variant", "envace"]
+    assert subprocess.run(cmd, cwd=fresh, capture_output=True, text=True).returncode == 0
+
+    proc = subprocess.Popen(cmd, cwd=killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = killed / "checkpoints/train/envace/last.ckpt"
+    while not last.exists() and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "training finished before it could be killed"
+    assert not (killed / "models/train/envace").exists()
+    again = subprocess.run(cmd, cwd=killed, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "train[envace]: resuming from checkpoint" in again.stdout
+    assert not last.parent.exists()  # removed once the variant finished
+
+    def history(root):  # same seed -> same metrics, whether or not the run was interrupted
+        steps = json.loads((root / "metrics/train/envace.json").read_text())["history"]
+        return [{k: v for k, v in s.items() if k != "tokens_per_s"} for s in steps]
+
+    assert len(history(killed)) == 6 and history(killed) == history(fresh)
+    assert (killed / "models/train/envace/model.safetensors").read_bytes() == \
+        (fresh / "models/train/envace/model.safetensors").read_bytes()
+
+
+def test_train_starts_over_when_the_checkpoint_is_from_other_params(warmed, tmp_path):
+    from envace.config import parse_params
+    from envace.stages.train import fingerprint, resumable
+    from tests.conftest import TINY_PARAMS
+
+    ckpt = tmp_path / "envace"
+    ckpt.mkdir()
+    (ckpt / "last.ckpt").write_bytes(b"from another run")
+    (ckpt / "fingerprint").write_text("other")
+    cwd = os.getcwd()
+    os.chdir(warmed)
+    try:
+        stamp = fingerprint(parse_params(TINY_PARAMS))
+    finally:
+        os.chdir(cwd)
+    assert resumable(ckpt, stamp) is None
+    assert not (ckpt / "last.ckpt").exists() and (ckpt / "fingerprint").read_text() == stamp
+
+
+def test_evaluate_compares_every_variant_in_the_real_backends(warmed, tmp_path, monkeypatch):
+    import mlflow
+
+    from envace.config import parse_params
+    from envace.stages import evaluate
+    from tests.conftest import TINY_PARAMS
+
+    for variant in ("sft", "real_env", "simulator", "envace"):
+        if not (warmed / "models/train" / variant).exists():
+            assert _train_entry(warmed, tmp_path, variant).returncode == 0
+    monkeypatch.chdir(warmed)
+    monkeypatch.delenv("ENVACE_MLFLOW_RUN_ID", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    evaluate.run(parse_params(TINY_PARAMS))
+
+    result = json.loads((warmed / "metrics/eval.json").read_text())
+    n_test = sum(1 for _ in open(warmed / "data/prepared/test.jsonl"))
+    assert set(result["variants"]) == {"sft", "real_env", "simulator", "envace"} and result["n_tasks"] == n_test
+    for name, r in result["variants"].items():
+        assert r["n"] == n_test and r["ci_low"] <= r["success"] <= r["ci_high"], name
+        assert {"bank", "files", "trading"} == set(r["per_domain"]) and r["per_task_type"]
+        assert r["turns_per_task"] > 0 and 0 <= r["leak_rate"] <= 1
+        assert 0 <= r["rehearsal_exact"] <= 1 and 0 <= r["rehearsal_exact_without_privileged"] <= 1
+    for name, r in result["variants"].items():  # as counted in training (0 for envace: asserted there)
+        assert r["real_env_calls_train"] == json.loads((warmed / f"metrics/train/{name}.json").read_text())[
+            "real_env_calls_train"]
+    table = (warmed / "reports/eval.md").read_text()
+    assert all(f"| {v} |" in table for v in result["variants"])
+
+    runs = mlflow.search_runs(experiment_names=["envace"], filter_string="tags.stage = 'evaluate'")
+    assert sorted(runs["tags.variant"]) == ["envace", "real_env", "sft", "simulator"]
+    assert set(runs["metrics.success"]) <= {r["success"] for r in result["variants"].values()}
+
+
+def test_evaluate_names_the_variants_not_trained(tmp_path, monkeypatch):
+    from envace.config import parse_params
+    from envace.stages import evaluate
+    from tests.conftest import TINY_PARAMS
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StageFailed, match="no trained model for variant.s. sft, real_env, simulator, envace"):
+        evaluate.run(parse_params(TINY_PARAMS))

@@ -190,3 +190,34 @@ def test_relabelled_examples_rename_names_consistently_and_nothing_else(prepared
         assert all(any(x in c and y in c for c in renamed.classes) for x, y in mapping.items())  # within its class
         changed += a != b
     assert changed > len(plain.examples) // 2
+
+
+def test_probes_add_real_listings_for_rehearse_only(prepared_dir, tokenizer):
+    import random
+
+    from envace.domains import get_domain
+    from envace.io import read_jsonl
+    from envace.roles import REHEARSE, ROLE_IDS, MinimalTemplate
+    from envace.train.data import SFTDataset, probe_calls
+
+    episodes = list(read_jsonl(prepared_dir / "data/prepared/train.jsonl"))
+    files = [e for e in episodes if e["task"]["domain"] == "files"][:20]
+    bank = [e for e in episodes if e["task"]["domain"] == "bank"][:20]
+    for ep in files:  # what the real backend answers: the listing of a non-empty folder of the scenario
+        folders = {f["folder_id"]: [x["name"] for x in f["files"]] for f in ep["task"]["scenario"]["folders"]}
+        probes = probe_calls(ep["task"], random.Random(0))
+        assert 1 <= len(probes) <= 3
+        for call, response in probes:
+            assert call["name"] == "list_folder"
+            assert response == {"folder_id": call["arguments"]["folder_id"], "files": folders[call["arguments"]["folder_id"]]}
+            assert response["files"]
+    assert get_domain("bank").probes is None and probe_calls(bank[0]["task"], random.Random(0)) == []
+
+    plain = SFTDataset(files + bank, MinimalTemplate(), tokenizer, 0.0)
+    probed = SFTDataset(files + bank, MinimalTemplate(), tokenizer, 0.0, probe_rate=1.0)
+    extra = [ex for ex in probed.examples if ex not in plain.examples]
+    assert len(extra) == len(files) and len(probed.examples) == len(plain.examples) + len(files)
+    for ids, roles in extra:  # REHEARSE conversations: only the listings (1 to 3) are targets
+        assert set(roles) == {0, ROLE_IDS[REHEARSE]}
+        starts = sum(r == ROLE_IDS[REHEARSE] and prev == 0 for prev, r in zip(roles, roles[1:]))
+        assert 1 <= starts <= 3

@@ -45,29 +45,33 @@ def _artifact(key):
 
 
 def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_api, monkeypatch):
-    from flows.full_pipeline import envace_flow
+    from flows.full_pipeline import envace_flow, pipeline_stages
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     project = make_project(tmp_path / "proj")
     summary = envace_flow(project_dir=str(project))
 
-    assert list(summary["stages"]) == ["collect", "prepare", "validate_data"]
+    variants = ["train@sft", "train@real_env", "train@simulator", "train@envace"]
+    assert list(summary["stages"]) == ["collect", "prepare", "validate_data", "warmup", "rehearsal_gate", *variants,
+                                       "evaluate"]
     assert all(s["ran"] for s in summary["stages"].values())
     data = json.loads((project / "metrics/data.json").read_text())
     assert data["passed"] is True and data["domains"] == ["bank", "files", "trading"]
 
     # dvc.lock pins every declared output with a hash
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
-    declared = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
+    declared = pipeline_stages(project)  # foreach expanded: train@sft, ...
     for stage, spec in declared.items():
-        outs = {next(iter(o)) if isinstance(o, dict) else o for o in spec.get("outs", []) + spec.get("metrics", [])}
+        outs = {next(iter(o)) if isinstance(o, dict) else o
+                for o in spec.get("outs", []) + spec.get("metrics", []) + spec.get("plots", [])}
         locked = {o["path"]: o["md5"] for o in lock[stage]["outs"]}
         assert outs == set(locked) and all(locked.values()), stage
 
     # one parent run, one nested run per stage with params, metrics and output hashes
     runs = _runs(project)
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    children = {r.data.tags["mlflow.runName"]: r for r in runs if "mlflow.parentRunId" in r.data.tags}
+    children = {r.data.tags["mlflow.runName"]: r for r in runs
+                if parents and r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
     assert len(parents) == 1 and set(children) == set(declared)
     assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children.values())
     collect = children["collect"].data
@@ -76,8 +80,18 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
     assert collect.tags["dvc.out.data/raw/episodes.jsonl"] == {o["path"]: o["md5"] for o in lock["collect"]["outs"]}["data/raw/episodes.jsonl"]
     assert children["validate_data"].data.metrics["passed"] == 1.0
 
-    # the gate's result is a Prefect markdown artifact
+    # each gate's result is a Prefect markdown artifact
     assert _artifact("data-gate").data.startswith("# Data validation: PASSED")
+    assert _artifact("rehearsal-gate").data.startswith("# Rehearsal gate: PASSED")
+    assert json.loads((project / "metrics/rehearsal.json").read_text())["passed"] is True
+    # every variant evaluated in the real backends, one MLflow run each (nested under the stage's run)
+    evaluated = json.loads((project / "metrics/eval.json").read_text())["variants"]
+    assert set(evaluated) == {"sft", "real_env", "simulator", "envace"}
+    assert evaluated["envace"]["real_env_calls_train"] == 0
+    eval_runs = [r for r in runs if r.data.tags.get("stage") == "evaluate" and "variant" in r.data.tags]
+    assert sorted(r.data.tags["variant"] for r in eval_runs) == ["envace", "real_env", "sft", "simulator"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in eval_runs} == {children["evaluate"].info.run_id}
+    assert _artifact("evaluation").data.startswith("# Evaluation:")
 
     # nothing changed: everything is up to date, and `dvc repro` agrees
     again = envace_flow(project_dir=str(project))
@@ -110,6 +124,48 @@ def test_failing_gate_stops_the_flow_and_reports(tmp_path, prefect_api, monkeypa
     assert "validate_data" not in yaml.safe_load((project / "dvc.lock").read_text())["stages"]
     failed = [r for r in _runs(project) if r.data.tags.get("status") == "failed"]
     assert [r.data.tags["mlflow.runName"] for r in failed] == ["validate_data"]
+
+
+def test_rehearsal_gate_above_one_stops_the_flow_naming_the_tools(tmp_path, prefect_api, monkeypatch):
+    from flows.full_pipeline import StageError, envace_flow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params = json.loads(json.dumps(TINY_PARAMS))
+    params["gate"]["min_rehearsal_accuracy"] = 1.01
+    project = make_project(tmp_path / "proj", params)
+    with pytest.raises(StageError, match=r"(?s)stage 'rehearsal_gate' failed.*tools below 1.01: \w+ \d\.\d{3}"):
+        envace_flow(project_dir=str(project))
+    assert _artifact("rehearsal-gate").data.startswith("# Rehearsal gate: FAILED")
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
+    assert "warmup" in lock and "rehearsal_gate" not in lock  # nothing past the gate is pinned
+    assert not (project / "models/train").exists() and not (project / "metrics/eval.json").exists()
+    assert json.loads((project / "metrics/rehearsal.json").read_text())["passed"] is False
+
+
+def test_flow_stops_after_the_stage_it_is_told(tmp_path, prefect_api, monkeypatch):
+    from flows.full_pipeline import StageError, envace_flow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    project = make_project(tmp_path / "proj")
+    with pytest.raises(StageError, match="unknown stage 'trian' to run until; stages: collect, .*train, evaluate"):
+        envace_flow(project_dir=str(project), until="trian")
+    summary = envace_flow(project_dir=str(project), until="prepare")
+    assert list(summary["stages"]) == ["collect", "prepare"]
+    assert set(yaml.safe_load((project / "dvc.lock").read_text())["stages"]) == {"collect", "prepare"}
+
+
+def test_pipeline_stages_expand_foreach_as_dvc_names_them(tmp_path):
+    from flows.full_pipeline import StageError, pipeline_stages
+
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "a": {"cmd": "echo a"},
+        "t": {"foreach": ["x", "y"], "do": {"cmd": "run ${item}", "outs": ["m/${item}"]}},
+    }}))
+    assert pipeline_stages(tmp_path) == {"a": {"cmd": "echo a"}, "t@x": {"cmd": "run x", "outs": ["m/x"]},
+                                         "t@y": {"cmd": "run y", "outs": ["m/y"]}}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"t": {"foreach": {"x": 1}, "do": {"cmd": "c"}}}}))
+    with pytest.raises(StageError, match="stage 't': the flow expands `foreach` over a list only"):
+        pipeline_stages(tmp_path)
 
 
 def test_cli_help_and_params_check(tmp_path):

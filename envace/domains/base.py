@@ -196,6 +196,9 @@ class Domain:
     interchangeable: tuple[tuple[str, ...], ...] = ()
     """Classes of names (ids, file names, owners) that the backend only compares for
     equality: renaming them consistently within an episode leaves it valid."""
+    probes: Callable[[dict, random.Random], list[Call]] | None = None
+    """(scenario, rng) -> read-only calls to make on a scenario's real backend during warmup:
+    practice for REHEARSE on tools the demonstrator seldom calls (see `train.data`)."""
 
     @property
     def tools(self) -> tuple[Tool, ...]:

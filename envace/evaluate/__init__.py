@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate (sound near 0 and 1, unlike p ± z·se).
+
+    >>> wilson(8, 10)
+    (0.4902, 0.9433)
+    >>> wilson(0, 0)
+    (0.0, 1.0)
+    """
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)
 
 
 def success_rates(outcomes) -> dict:

@@ -6,22 +6,30 @@ from collections import defaultdict
 
 from envace.config import RolloutConfig
 from envace.domains.base import Task
-from envace.evaluate import success_rates
-from envace.rollout.runner import EpisodeRunner, RealResponder
+from envace.evaluate import success_rates, wilson
+from envace.rollout.runner import ACT, EpisodeRunner, RealResponder
 
 
-def real_success(policy, tasks: list[Task], cfg: RolloutConfig, temperature: float = 0.0) -> dict:
+def real_success(policy, tasks: list[Task], cfg: RolloutConfig, temperature: float = 0.0,
+                 leak_ids: frozenset[int] = frozenset()) -> dict:
+    """Success rate (with its 95% Wilson interval), per domain and task type, turns and ACT
+    tokens per task, failed steps, and the share of ACT outputs using a `leak_ids` token."""
     episodes = EpisodeRunner(policy, RealResponder(), cfg, temperature=temperature).run(tasks)
     failures: dict[str, int] = defaultdict(int)
     for e in episodes:
         if e.failure:
             failures[e.failure] += 1
     rates = success_rates((e.task.domain, e.task.task_type, e.success) for e in episodes)
+    successes, n = sum(e.success for e in episodes), len(episodes)
+    act_outputs = [g.output_ids for e in episodes for g in e.generations if g.role == ACT]
+    ci_low, ci_high = wilson(successes, n)
     return {
-        "success": rates["overall"],
-        "n": len(episodes),
+        "success": rates["overall"], "ci_low": ci_low, "ci_high": ci_high, "n": n,
         "per_domain": rates["per_domain"],
         "per_task_type": rates["per_task_type"],
+        "turns_per_task": round(len(act_outputs) / max(1, n), 3),
+        "act_tokens_per_task": round(sum(map(len, act_outputs)) / max(1, n), 1),
+        "leak_rate": round(sum(any(t in leak_ids for t in ids) for ids in act_outputs) / max(1, len(act_outputs)), 4),
         "failed_steps": dict(sorted(failures.items())),
         "real_calls": sum(e.real_calls for e in episodes),
     }

@@ -133,6 +133,9 @@ class ModelResponder:
         self.policy, self.cfg, self.source = policy, cfg, source
         self.temperature = cfg.temperature if temperature is None else temperature
         self.privileged, self.dropout = privileged, privileged_dropout
+        self.reseed(seed)
+
+    def reseed(self, seed: int) -> None:
         self.rng = random.Random(seed)
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -173,6 +176,13 @@ class EpisodeRunner:
         self.policy, self.responder, self.cfg = policy, responder, cfg
         self.temperature = cfg.temperature if temperature is None else temperature
         self.generator = torch.Generator().manual_seed(seed)
+
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling streams (the responder's too): a run resumed at a step
+        samples exactly what an uninterrupted one would."""
+        self.generator = torch.Generator().manual_seed(seed)
+        if hasattr(self.responder, "reseed"):
+            self.responder.reseed(seed + 1)
 
     def run(self, tasks: list[Task]) -> list[Episode]:
         episodes = []

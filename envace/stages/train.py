@@ -4,11 +4,19 @@
 number of updates for every variant; `sft` is the warmup model itself and trains nothing.
 Writes models/train/<variant> and metrics/train/<variant>.json (per-step telemetry, the
 real-backend calls made in training). `envace` asserts it made none.
+
+A checkpoint is written after every step (`checkpoints/train/<variant>/last.ckpt`); a run
+killed mid-training resumes from it when started again with the same params and warmup
+model (each step's sampling is seeded by its step, so it ends where an uninterrupted run
+would), and the checkpoint is removed once the variant has finished.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -21,6 +29,7 @@ from envace.stages.warmup import MODEL_DIR as WARMUP_DIR
 
 MODELS = Path("models/train")
 METRICS = Path("metrics/train")
+CHECKPOINTS = Path("checkpoints/train")
 
 
 def run(params: Params, variant: str = "envace") -> dict[str, Path]:
@@ -28,13 +37,11 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     import lightning as L
     import torch
 
-    from envace.data.tokenizer import model_json
     from envace.domains.base import Task
     from envace.model import load, save
-    from envace.roles import act_text
     from envace.rollout.runner import Policy
     from envace.tracking import lightning_logger
-    from envace.train.grpo import VARIANTS, GRPOModule, leak_token_ids
+    from envace.train.grpo import VARIANTS, GRPOModule, leak_ids_of
 
     if variant not in VARIANTS:
         raise StageFailed(f"unknown variant {variant!r}: expected one of {', '.join(VARIANTS)}")
@@ -54,25 +61,66 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
 
     episodes = list(read_jsonl(PREPARED / "train.jsonl"))
     tasks = [Task.from_dict(e["task"]) for e in episodes]
-    messages = [m for e in episodes for m in e["messages"]]
-    leak = leak_token_ids(tokenizer, [model_json(m["response"]) for m in messages if m["role"] == "tool"],
-                          [act_text(m) for m in messages if m["role"] == "act"])
+    leak = leak_ids_of(tokenizer, episodes)
     simulator = Policy(load(WARMUP_DIR)[0].eval(), tokenizer) if variant == "simulator" else None
     module = GRPOModule(policy, tasks, variant, cfg, params.rollout, params.roles, leak, simulator=simulator)
-    trainer = L.Trainer(max_steps=cfg.steps, accelerator="auto", logger=lightning_logger(f"train-{variant}"),
-                        enable_checkpointing=False, log_every_n_steps=1, enable_progress_bar=sys.stderr.isatty(),
-                        enable_model_summary=False)
-    trainer.fit(module, torch.utils.data.DataLoader(range(cfg.steps), batch_size=1))
+    ckpt_dir = CHECKPOINTS / variant
+    resume = resumable(ckpt_dir, fingerprint(params))
+    trainer = L.Trainer(max_steps=cfg.steps * cfg.ppo_epochs, accelerator="auto", logger=lightning_logger(f"train-{variant}"),
+                        callbacks=[last_checkpoint(ckpt_dir / "last.ckpt")], enable_checkpointing=False,
+                        log_every_n_steps=1, enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False)
+    trainer.fit(module, torch.utils.data.DataLoader(range(cfg.steps), batch_size=1), ckpt_path=resume)
     if variant == "envace" and module.real_calls:
         raise StageFailed(f"envace made {module.real_calls} real-backend calls in training; it must make none")
     model.eval()
     save(model, tokenizer, out_dir)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
     write_json(metrics_path, {"variant": variant, "steps": cfg.steps, "real_env_calls_train": module.real_calls,
                               "wall_s": round(time.perf_counter() - start, 1), "history": module.history})
     last = module.history[-1] if module.history else {}
     print(f"train[{variant}]: {cfg.steps} steps in {time.perf_counter() - start:.0f}s; last reward "
           f"{last.get('reward', 0):.3f}, real-backend calls {module.real_calls}", flush=True)
     return {"model": out_dir, "metrics": metrics_path}
+
+
+def last_checkpoint(path: Path):
+    """A Lightning callback saving the whole training state after every step, atomically
+    (written aside, then renamed): a `kill -9` mid-write leaves the previous one intact."""
+    import lightning as L
+
+    class _LastCheckpoint(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            part = path.with_suffix(".part")
+            trainer.save_checkpoint(part)
+            os.replace(part, path)
+
+    return _LastCheckpoint()
+
+
+def fingerprint(params: Params) -> str:
+    """What a checkpoint is valid for: the params the stage reads and the warmup model."""
+    weights = hashlib.md5((WARMUP_DIR / "model.safetensors").read_bytes()).hexdigest()
+    used = {k: params.model_dump()[k] for k in ("train", "rollout", "roles")}
+    return hashlib.md5(json.dumps([used, weights], sort_keys=True).encode()).hexdigest()
+
+
+def resumable(ckpt_dir: Path, stamp: str) -> Path | None:
+    """The last checkpoint of an interrupted run with the same fingerprint, else None (and
+    the directory is made ready for this run's checkpoints)."""
+    last, stamp_file = ckpt_dir / "last.ckpt", ckpt_dir / "fingerprint"
+    if last.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+        import torch
+
+        steps = len(torch.load(last, map_location="cpu", weights_only=False)["grpo"]["history"])
+        print(f"train[{ckpt_dir.name}]: resuming from checkpoint {last} after {steps} step(s)", flush=True)
+        return last
+    if last.exists():
+        print(f"train[{ckpt_dir.name}]: checkpoint {last} is from other params or another warmup model; "
+              "starting over", flush=True)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    ckpt_dir.mkdir(parents=True)
+    stamp_file.write_text(stamp)
+    return None
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def run(params: Params) -> dict[str, Path]:
     test_tasks = spread([Task.from_dict(e["task"]) for e in read_jsonl(PREPARED / "test.jsonl")], cfg.eval_tasks)
 
     dataset = SFTDataset(train, policy.template, tokenizer, params.roles.privileged_dropout, cfg.seed,
-                         max_repeat=cfg.rare_tool_repeat, relabel_rate=cfg.relabel_rate)
+                         max_repeat=cfg.rare_tool_repeat, relabel_rate=cfg.relabel_rate, probe_rate=cfg.probe_rate)
     rng = random.Random(cfg.seed)
 
     class LengthBatches(torch.utils.data.Sampler):

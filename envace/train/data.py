@@ -7,7 +7,9 @@ redrawn each epoch. Episodes that call a rare tool appear more than once per epo
 `repeats`): the gate holds every core tool to the same bar, and a tool the demonstrator
 seldom calls would otherwise give both roles too few examples to learn it. A share of the
 examples is `relabel`led each epoch (names renamed consistently): a tiny model otherwise
-memorises which names are frequent instead of copying the ones in front of it.
+memorises which names are frequent instead of copying the ones in front of it. Domains
+may offer read-only `probes`: calls made on the scenario's real backend during warmup, for
+a tool whose outputs the demonstrator's episodes hold too few of (`probe_rate`).
 """
 
 from __future__ import annotations
@@ -75,15 +77,26 @@ def relabel(ids: list[int], classes: list[list[int]], rng: random.Random) -> lis
     return [mapping.get(i, i) for i in ids]
 
 
-def episode_examples(episode: dict, template, tokenizer, rng: random.Random, privileged_dropout: float):
-    """[(ids, roles)] for one episode: its ACT conversation and its REHEARSE conversation."""
+def probe_calls(task: dict, rng: random.Random) -> list[tuple[dict, dict]]:
+    """(call, real response) for the domain's read-only probes of the task's scenario."""
+    probes = get_domain(task["domain"]).probes
+    if probes is None:
+        return []
+    backend, offered = fact_source(task), [t["function"]["name"] for t in task["tools"]]
+    return [(c, backend.execute(c, offered)) for c in probes(task["scenario"], rng)]
+
+
+def episode_examples(episode: dict, template, tokenizer, rng: random.Random, privileged_dropout: float,
+                     probe_rate: float = 0.0):
+    """[(ids, roles)] for one episode: its ACT conversation, its REHEARSE conversation and,
+    with probability `probe_rate`, a REHEARSE conversation of probes of its scenario."""
     task = episode["task"]
     out = [encode(tokenizer, template.act(task["tools"], task["request"], episode["messages"]))]
-    recorded = recorded_calls(episode)
-    if recorded:
-        facts = fact_source(task)
-        steps = [(c, None if rng.random() < privileged_dropout else facts.facts(c), r) for c, r in recorded]
-        out.append(encode(tokenizer, template.rehearse(task["tools"], task["request"], steps)))
+    facts = fact_source(task)
+    for recorded in (recorded_calls(episode), probe_calls(task, rng) if rng.random() < probe_rate else []):
+        if recorded:
+            steps = [(c, None if rng.random() < privileged_dropout else facts.facts(c), r) for c, r in recorded]
+            out.append(encode(tokenizer, template.rehearse(task["tools"], task["request"], steps)))
     return out
 
 
@@ -91,8 +104,9 @@ class SFTDataset(torch.utils.data.Dataset):
     """Examples for one epoch; call `resample(epoch)` to redraw the privileged dropout."""
 
     def __init__(self, episodes: list[dict], template, tokenizer, privileged_dropout: float, seed: int = 0,
-                 max_len: int = 1024, max_repeat: int = 1, relabel_rate: float = 0.0):
+                 max_len: int = 1024, max_repeat: int = 1, relabel_rate: float = 0.0, probe_rate: float = 0.0):
         self.episodes, self.template, self.tokenizer = episodes, template, tokenizer
+        self.probe_rate = probe_rate
         self.dropout, self.seed, self.max_len = privileged_dropout, seed, max_len
         self.repeats = repeats(episodes, max_repeat)
         self.relabel_rate = relabel_rate
@@ -106,7 +120,7 @@ class SFTDataset(torch.utils.data.Dataset):
              roles[: self.max_len])
             for ep, repeat in zip(self.episodes, self.repeats)
             for _ in range(repeat)  # each repeat draws its own privileged dropout
-            for ids, roles in episode_examples(ep, self.template, self.tokenizer, rng, self.dropout)
+            for ids, roles in episode_examples(ep, self.template, self.tokenizer, rng, self.dropout, self.probe_rate)
         ]
 
     def __len__(self):

@@ -82,6 +82,16 @@ def leak_token_ids(tokenizer, response_texts, act_texts) -> torch.Tensor:
     return torch.tensor(sorted(seen(response_texts) - seen(act_texts) - set(tokenizer.all_special_ids)), dtype=torch.long)
 
 
+def leak_ids_of(tokenizer, episodes: list[dict]) -> torch.Tensor:
+    """`leak_token_ids` of recorded episodes, responses spelled as the model reads them."""
+    from envace.data.tokenizer import model_json
+    from envace.roles import act_text
+
+    messages = [m for e in episodes for m in e["messages"]]
+    return leak_token_ids(tokenizer, [model_json(m["response"]) for m in messages if m["role"] == "tool"],
+                          [act_text(m) for m in messages if m["role"] == "act"])
+
+
 def leaked(generation_ids: list[int], leak_ids: set[int]) -> bool:
     return any(t in leak_ids for t in generation_ids)
 
@@ -108,8 +118,9 @@ class GRPOModule(L.LightningModule):
         return group, torch.arange(len(chosen)).repeat_interleave(self.cfg.group_size)
 
     def training_step(self, batch, batch_idx):
-        start, step = time.perf_counter(), self.global_step
+        start, step = time.perf_counter(), len(self.history)  # global_step counts optimizer steps (ppo_epochs each)
         tasks, task_of = self.sample_tasks(step)
+        self.runner.reseed(self.cfg.seed * 1_000_003 + step)  # a resumed run samples what this one would
         self.model.eval()
         with torch.no_grad():
             episodes = self.runner.run(tasks)
@@ -143,6 +154,12 @@ class GRPOModule(L.LightningModule):
         self.history.append({"step": step, **{k: round(v, 4) for k, v in metrics.items()}})
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, prog_bar=False, batch_size=len(episodes))
         self.log("reward", metrics["reward"], prog_bar=True, batch_size=len(episodes))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["grpo"] = {"history": self.history, "real_calls": self.real_calls}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.history, self.real_calls = checkpoint["grpo"]["history"], checkpoint["grpo"]["real_calls"]
 
     def _forward(self, rows, model):
         """(logits [N, V], targets [N], who [N], row [N]) for rows, ROWS_PER_FORWARD at a time."""

@@ -1,0 +1,119 @@
+"""evaluate — every trained variant plays the held-out test tasks in the real backends.
+
+For each variant of `train` (sft, real_env, simulator, envace): greedy success with its 95%
+Wilson interval, per domain and per task type; turns and ACT tokens per task; the persona
+leak rate; rehearsal accuracy on the test responses (with and without the privileged
+facts); and the real-backend calls it made in training. One MLflow run per variant.
+
+Writes `metrics/eval.json` ({"variants": {name: {"success", "ci_low", "ci_high", "n",
+"real_env_calls_train", ...}}}) and the comparison table `reports/eval.md`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from envace.config import Params
+from envace.io import read_jsonl, write_json, write_text
+from envace.stages import StageFailed
+from envace.stages.prepare import PREPARED
+from envace.stages.train import METRICS as TRAIN_METRICS
+from envace.stages.train import MODELS as TRAIN_MODELS
+
+METRICS = Path("metrics/eval.json")
+REPORT = Path("reports/eval.md")
+
+
+def run(params: Params) -> dict[str, Path]:
+    """Evaluate every trained variant on the held-out test tasks in the real backends."""
+    import torch
+
+    from envace.domains.base import Task
+    from envace.stages.warmup import spread
+    from envace.train.grpo import VARIANTS, leak_ids_of
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    missing = [v for v in VARIANTS if not (TRAIN_MODELS / v / "config.json").exists()]
+    if missing:
+        raise StageFailed(f"no trained model for variant(s) {', '.join(missing)} under {TRAIN_MODELS}: "
+                          f"run `python -m envace.stages.train --variant <name>` (or `dvc repro train`) first")
+    test = spread(list(read_jsonl(PREPARED / "test.jsonl")), params.evaluate.tasks)
+    tasks = [Task.from_dict(e["task"]) for e in test]
+    leak = frozenset(leak_ids_of(_tokenizer(), list(read_jsonl(PREPARED / "train.jsonl"))).tolist())
+    results = {}
+    for variant in VARIANTS:
+        results[variant] = evaluate_variant(variant, params, test, tasks, leak)
+        r = results[variant]
+        print(f"evaluate[{variant}]: success {r['success']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] on {r['n']} "
+              f"tasks; real-backend calls in training {r['real_env_calls_train']}", flush=True)
+    summary = {"variants": results, "n_tasks": len(tasks)}
+    write_json(METRICS, summary)
+    write_text(REPORT, report(summary))
+    _log_runs(summary, params)
+    return {"metrics": METRICS, "report": REPORT}
+
+
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TRAIN_MODELS / "sft")
+
+
+def evaluate_variant(variant: str, params: Params, test: list[dict], tasks: list, leak: frozenset[int]) -> dict:
+    from envace.evaluate.real import real_success
+    from envace.evaluate.rehearsal import rehearsal_accuracy
+    from envace.model import load
+    from envace.rollout.runner import Policy
+
+    model, tokenizer = load(TRAIN_MODELS / variant)
+    policy = Policy(model.eval(), tokenizer)
+    out = real_success(policy, tasks, params.rollout, leak_ids=leak)
+    trained = json.loads((TRAIN_METRICS / f"{variant}.json").read_text())
+    out["real_env_calls_train"] = trained["real_env_calls_train"]
+    out["train_steps"] = trained["steps"]
+    if params.evaluate.rehearsal:
+        cap = params.rollout.max_new_tokens
+        out["rehearsal_exact"] = rehearsal_accuracy(policy, test, privileged=True, max_new_tokens=cap)["exact"]
+        out["rehearsal_exact_without_privileged"] = rehearsal_accuracy(policy, test, privileged=False,
+                                                                       max_new_tokens=cap)["exact"]
+    return out
+
+
+def report(summary: dict) -> str:
+    variants = summary["variants"]
+    lines = [
+        f"# Evaluation: {summary['n_tasks']} held-out tasks in the real backends", "",
+        "| variant | success | 95% CI | real calls in training | turns/task | ACT tokens/task | leak rate "
+        "| rehearsal exact (facts / none) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in variants.items():
+        rehearsal = (f"{r['rehearsal_exact']:.3f} / {r['rehearsal_exact_without_privileged']:.3f}"
+                     if "rehearsal_exact" in r else "-")
+        lines.append(f"| {name} | {r['success']:.3f} | [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | "
+                     f"{r['real_env_calls_train']} | {r['turns_per_task']} | {r['act_tokens_per_task']} | "
+                     f"{r['leak_rate']:.3f} | {rehearsal} |")
+    types = sorted({t for r in variants.values() for t in r["per_task_type"]})
+    lines += ["", "Success per task type:", "", "| task type | " + " | ".join(variants) + " |",
+              "|---|" + "---|" * len(variants)]
+    lines += [f"| {t} | " + " | ".join(f"{r['per_task_type'].get(t, 0):.2f}" for r in variants.values()) + " |"
+              for t in types]
+    return "\n".join(lines) + "\n"
+
+
+def _log_runs(summary: dict, params: Params) -> None:
+    from envace.tracking import flatten, log_to_run, variant_run
+
+    for name, r in summary["variants"].items():
+        with variant_run(f"eval-{name}", {"variant": name, "stage": "evaluate"}):
+            log_to_run({"variant": name, **flatten(params.train.model_dump(), "train.")},
+                       flatten({k: v for k, v in r.items() if k != "failed_steps"}, numbers_only=True), {},
+                       [REPORT])
+
+
+if __name__ == "__main__":
+    from envace.stages import main
+
+    main("evaluate", run)
