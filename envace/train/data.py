@@ -93,7 +93,8 @@ def episode_examples(episode: dict, template, tokenizer, rng: random.Random, pri
     task = episode["task"]
     out = [encode(tokenizer, template.act(task["tools"], task["request"], episode["messages"]))]
     facts = fact_source(task)
-    for recorded in (recorded_calls(episode), probe_calls(task, rng) if rng.random() < probe_rate else []):
+    probed = probe_rate and rng.random() < probe_rate  # no draw when off: the same stream as without probes
+    for recorded in (recorded_calls(episode), probe_calls(task, rng) if probed else []):
         if recorded:
             steps = [(c, None if rng.random() < privileged_dropout else facts.facts(c), r) for c, r in recorded]
             out.append(encode(tokenizer, template.rehearse(task["tools"], task["request"], steps)))
