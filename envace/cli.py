@@ -13,18 +13,14 @@ def _run(args) -> int:
 
     root = Path(args.project_dir).resolve()
     env.configure(root)
-    from flows.full_pipeline import DEFAULT_UNTIL, envace_flow
+    from flows.full_pipeline import envace_flow
 
-    until = None if args.all else (args.until or DEFAULT_UNTIL)
     try:
-        summary = envace_flow(project_dir=str(root), until=until)
+        summary = envace_flow(project_dir=str(root), until=args.until)
     except Exception as err:  # the flow already logged the details
         print(f"\nenvace run FAILED: {err}", file=sys.stderr)
         return 1
     print(where_to_look(root, summary))
-    if until == DEFAULT_UNTIL and not args.until:
-        print(f"\nStopped after {DEFAULT_UNTIL} (the default until the embedded model passes the rehearsal gate; "
-              "README). `envace run --all` (or `dvc repro`) runs warmup, the gate, train and evaluate.")
     return 0
 
 
@@ -104,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run the pipeline: the Prefect flow 'envace' over the DVC stages")
     p.add_argument("--project-dir", default=".", help="project root holding dvc.yaml and params.yaml")
-    p.add_argument("--until", help="stop after this stage (default: validate_data, see README)")
-    p.add_argument("--all", action="store_true", help="run every stage: warmup, rehearsal_gate, train, evaluate too")
+    p.add_argument("--until", help="stop after this stage (default: run them all)")
     p.set_defaults(func=_run)
     p = sub.add_parser("stage", help="run one stage directly (no DVC, no tracking)")
     p.add_argument("name", help="collect | prepare | validate_data | warmup | rehearsal_gate | train | evaluate")

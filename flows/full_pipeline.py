@@ -35,12 +35,6 @@ GATES = {
 REPORTS = {"evaluate": ("evaluation", "reports/eval.md")}
 
 
-# Where `make run` / `envace run` stop unless told `--all`: the embedded default does not
-# pass the rehearsal gate by default yet (`list_folder`, README), so the full graph would
-# end in a failure after ~16 minutes. `dvc repro` and `envace run --all` run all of it.
-DEFAULT_UNTIL = "validate_data"
-
-
 class StageError(RuntimeError):
     pass
 

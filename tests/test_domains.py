@@ -290,8 +290,8 @@ def test_files_backend_does_not_mutate_its_scenario():
     [
         (call("find_folder", name="work_plans"), {"folder": {"folder_id": "D30", "name": "work_plans"}}),
         (call("find_folder", name="nope"), {"folder": None}),
-        (call("list_folder", folder_id="D10"), {"folder": {"folder_id": "D10", "files": ["q1.pdf", "notes.txt"]}}),
-        (call("delete_folder", folder_id="D20"), {"folder": {"folder_id": "D20", "files": []}}),
+        (call("list_folder", folder_id="D10"), {"folder": {"folder_id": "D10", "files": ["q1.pdf", "notes.txt", "-", "-"]}}),
+        (call("delete_folder", folder_id="D20"), {"folder": {"folder_id": "D20", "files": ["-"] * 4}}),
         (call("delete_folder", folder_id="D99"), {"folder": None}),
         (call("get_file_info", folder_id="D10", file_name="q1.pdf"),
          {"folder_exists": True, "file": {"file_id": "F10", "name": "q1.pdf", "size_kb": 120}}),

@@ -28,6 +28,8 @@ FILE_NAMES = [f"{s}.{e}" for s in STEMS for e in EXTENSIONS]
 FOLDER_IDS = [f"D{i}" for i in range(10, 100)]
 FILE_IDS = [f"F{i}" for i in range(10, 100)]
 SIZES = list(range(5, 505, 5))
+MAX_FILES = 4  # per folder
+EMPTY_SLOT = "-"
 
 TOOLS = (
     Tool("find_folder", "Find a folder id by folder name.", params({"name": STR})),
@@ -42,6 +44,14 @@ TOOLS = (
         risk="high", preconditions=("the folder is empty",),
     ),
 )
+
+
+def slots(files: list[dict]) -> list[str]:
+    """The file names padded to MAX_FILES slots: the listing is the last thing in the facts,
+    so every element then sits at one fixed distance from where the response writes it — a
+    copy a head can make by relative position (a 2-layer model never learned to find the
+    middle element of a list by its key; README, Learnability)."""
+    return [f["name"] for f in files] + [EMPTY_SLOT] * (MAX_FILES - len(files))
 
 
 class FilesBackend(Backend):
@@ -97,7 +107,7 @@ class FilesBackend(Backend):
             return {"folder": hit and {"folder_id": hit["folder_id"], "name": hit["name"]}}
         folder = self.folders.get(args.get("folder_id"))
         if name in ("list_folder", "delete_folder"):
-            return {"folder": folder and {"folder_id": folder["folder_id"], "files": [f["name"] for f in folder["files"]]}}
+            return {"folder": folder and {"folder_id": folder["folder_id"], "files": slots(folder["files"])}}
         if name == "get_file_info":
             file = folder and next((f for f in folder["files"] if f["name"] == args.get("file_name")), None)
             return {"folder_exists": folder is not None, "file": copy.deepcopy(file)}
@@ -143,7 +153,7 @@ def make_task(rng: random.Random, task_type: str, task_id: str) -> Task:
             "folder_id": fid, "name": name,
             "files": [
                 {"file_id": next(file_ids), "name": n, "size_kb": rng.choice(SIZES)}
-                for n in rng.sample(FILE_NAMES, rng.randint(0, 4))
+                for n in rng.sample(FILE_NAMES, rng.randint(0, MAX_FILES))
             ],
         }
         for fid, name in zip(folder_ids, names)
