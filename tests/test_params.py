@@ -1,4 +1,3 @@
-import json
 from pathlib import Path
 
 import pytest
@@ -54,17 +53,15 @@ def test_missing_file_and_bad_yaml_are_clear(tmp_path):
 
 
 def test_dvc_yaml_params_yaml_and_config_classes_agree():
-    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    from flows.full_pipeline import pipeline_stages
+
     shipped = yaml.safe_load((ROOT / "params.yaml").read_text())
     sections = set(Params.model_fields)
     assert set(shipped) == sections, "params.yaml sections must be exactly the config sections"
     used = set()
-    for stage, spec in dvc.items():
-        if "foreach" in spec:  # train: one stage per variant
-            spec = json.loads(json.dumps(spec["do"]).replace("${item}", spec["foreach"][0]))
-            assert spec["cmd"].startswith(f"python -m envace.stages.{stage} --variant ")
-        else:
-            assert spec["cmd"] == f"python -m envace.stages.{stage}"
+    for name, spec in pipeline_stages(ROOT).items():  # foreach expanded: train@sft, ...
+        stage, _, variant = name.partition("@")
+        assert spec["cmd"] == f"python -m envace.stages.{stage}" + (f" --variant {variant}" if variant else "")
         assert (ROOT / "envace" / "stages" / f"{stage}.py").exists()
         if stage in sections:
             assert stage in spec.get("params", []), f"stage {stage} must depend on its own params section"

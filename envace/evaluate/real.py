@@ -14,6 +14,8 @@ def real_success(policy, tasks: list[Task], cfg: RolloutConfig, temperature: flo
                  leak_ids: frozenset[int] = frozenset()) -> dict:
     """Success rate (with its 95% Wilson interval), per domain and task type, turns and ACT
     tokens per task, failed steps, and the share of ACT outputs using a `leak_ids` token."""
+    from envace.train.grpo import leaked
+
     episodes = EpisodeRunner(policy, RealResponder(), cfg, temperature=temperature).run(tasks)
     failures: dict[str, int] = defaultdict(int)
     for e in episodes:
@@ -29,7 +31,7 @@ def real_success(policy, tasks: list[Task], cfg: RolloutConfig, temperature: flo
         "per_task_type": rates["per_task_type"],
         "turns_per_task": round(len(act_outputs) / max(1, n), 3),
         "act_tokens_per_task": round(sum(map(len, act_outputs)) / max(1, n), 1),
-        "leak_rate": round(sum(any(t in leak_ids for t in ids) for ids in act_outputs) / max(1, len(act_outputs)), 4),
+        "leak_rate": round(sum(leaked(ids, leak_ids) for ids in act_outputs) / max(1, len(act_outputs)), 4),
         "failed_steps": dict(sorted(failures.items())),
         "real_calls": sum(e.real_calls for e in episodes),
     }

@@ -100,7 +100,8 @@ def last_checkpoint(path: Path):
 def fingerprint(params: Params) -> str:
     """What a checkpoint is valid for: the params the stage reads and the warmup model."""
     weights = hashlib.md5((WARMUP_DIR / "model.safetensors").read_bytes()).hexdigest()
-    used = {k: params.model_dump()[k] for k in ("train", "rollout", "roles")}
+    dumped = params.model_dump()
+    used = {k: dumped[k] for k in ("train", "rollout", "roles")}
     return hashlib.md5(json.dumps([used, weights], sort_keys=True).encode()).hexdigest()
 
 
