@@ -48,6 +48,14 @@ def test_ppo_clip_stops_the_gradient_outside_the_trust_region():
     assert logp.grad[0] == 0 and logp.grad[1] > 0
 
 
+def test_role_loss_stays_on_the_device_of_its_inputs():
+    # "meta" stands in for a GPU: any tensor made on the CPU inside the loss fails to mix with it
+    meta = lambda *values: torch.tensor(values).to("meta")  # noqa: E731
+    logp = meta(-1.0, -2.0, -0.5)
+    out = grpo_role_loss(logp, logp, meta(1.0, -1.0), meta(0, 1, 1), 2, 0.2, ref_logp=logp, kl_coef=0.1)
+    assert {v.device.type for v in out.values()} == {"meta"}
+
+
 def test_kl_is_zero_at_the_reference_and_positive_elsewhere():
     ref = torch.log(torch.tensor([0.5, 0.2]))
     assert torch.allclose(kl_to_reference(ref, ref), torch.zeros(2))

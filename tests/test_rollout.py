@@ -1,5 +1,6 @@
 """Generation, the episode runner with its three responders, caps and fuzzed outputs."""
 
+import inspect
 import random
 
 import pytest
@@ -9,7 +10,7 @@ from envace.config import ModelConfig, RolloutConfig
 from envace.data.demonstrations import generate_tasks
 from envace.domains import get_domain
 from envace.roles import ACT, REHEARSE
-from envace.rollout.generate import generate
+from envace.rollout.generate import cache_kwarg, generate
 from envace.rollout.runner import EpisodeRunner, ModelResponder, Policy, RealResponder
 
 
@@ -38,6 +39,16 @@ def test_batched_generation_matches_hf_generate_greedy(tiny_model):
                                   pad_token_id=0)[0, len(p):].tolist()
         assert o == ref[: len(o)] and (o[-1] == stop or len(o) == 6)
     assert any(o[-1] == stop and len(o) < 6 for o in outs)
+
+
+def test_cache_keyword_follows_the_models_forward(tiny_model):
+    # transformers renamed past_key_values to cache; a model given the other name silently
+    # decodes without context, so the keyword is read off the model's own forward
+    class OlderModel(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None, past_key_values=None, **kwargs): ...
+
+    assert cache_kwarg(OlderModel()) == "past_key_values"
+    assert cache_kwarg(tiny_model) in inspect.signature(tiny_model.forward).parameters
 
 
 def test_sampling_is_seeded(tiny_model):

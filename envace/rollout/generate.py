@@ -7,6 +7,8 @@ and the batch shrinks to the live rows, so long stragglers do not pay for finish
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 
@@ -20,7 +22,15 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
         keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the most likely token
         sorted_p = sorted_p * keep
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    if generator is not None and generator.device != probs.device:  # a CPU generator drives GPU sampling too
+        return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(probs.device)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def cache_kwarg(model) -> str:
+    """The forward keyword for the KV cache: `cache` since transformers 5.2x, `past_key_values`
+    before; a model that silently swallows the wrong one decodes every token without context."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 @torch.no_grad()
@@ -43,7 +53,8 @@ def generate(
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+    with_cache = {cache_kwarg(model): cache, "use_cache": True}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache, logits_to_keep=1)
     outputs: list[list[int]] = [[] for _ in range(B)]
     live = torch.arange(B, device=device)  # rows of the original batch still decoding
     next_pos = positions[:, -1:] + 1  # [B, 1]
@@ -60,7 +71,7 @@ def generate(
             live, token, mask, next_pos = live[keep], token[keep], mask[keep], next_pos[keep]
             cache.batch_select_indices(keep)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, cache=cache, use_cache=True)
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, **with_cache)
         next_pos = next_pos + 1
         logits = out.logits[:, -1]
     return outputs

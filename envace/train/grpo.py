@@ -178,12 +178,12 @@ class GRPOModule(L.LightningModule):
         logits, targets, who, row = torch.cat(logits), torch.cat(targets), torch.cat(who), torch.cat(row)
         logp = -F.cross_entropy(logits, targets, reduction="none")  # [S]
         episode = torch.tensor(episode_of, device=logp.device)[row]  # [S]
-        total, kl, clip_frac = logp.sum() * 0.0, torch.zeros(()), torch.zeros(())
+        total, kl, clip_frac = logp.sum() * 0.0, logp.new_zeros(()), logp.new_zeros(())
         for rid, weight in ((ACT_ID, 1.0), (REHEARSE_ID, self.cfg.lambda_env)):
             mine = who == rid
             if not mine.any():
                 continue
-            part = grpo_role_loss(logp[mine], old[mine], advantages[rid], episode[mine], n_episodes, self.cfg.clip_eps,
+            part = grpo_role_loss(logp[mine], old[mine], advantages[rid].to(logp.device), episode[mine], n_episodes, self.cfg.clip_eps,
                                   None if ref is None else ref[mine], self.cfg.kl_coef)
             total = total + weight * part["loss"]
             kl, clip_frac = kl + part["kl"], torch.maximum(clip_frac, part["clip_frac"])

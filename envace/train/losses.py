@@ -80,8 +80,8 @@ def per_episode_mean(values: torch.Tensor, episode_of: torch.Tensor, n_episodes:
 
     values: [S]; episode_of: [S] long → [E] (0 where an episode has no tokens).
     """
-    total = torch.zeros(n_episodes, dtype=values.dtype).index_add(0, episode_of, values)  # [E]
-    count = torch.zeros(n_episodes, dtype=values.dtype).index_add(0, episode_of, torch.ones_like(values))  # [E]
+    total = values.new_zeros(n_episodes).index_add(0, episode_of, values)  # [E]
+    count = values.new_zeros(n_episodes).index_add(0, episode_of, torch.ones_like(values))  # [E]
     return total / count.clamp(min=1)
 
 
@@ -105,17 +105,17 @@ def grpo_role_loss(logp, old_logp, advantage, episode_of, n_episodes: int, clip_
     logp, old_logp, ref_logp: [S] log-probs of the role's sampled tokens; advantage: [E];
     episode_of: [S] long → {"loss", "kl", "clip_frac"} scalars.
     """
-    wrote = torch.zeros(n_episodes, dtype=torch.bool)
+    wrote = torch.zeros(n_episodes, dtype=torch.bool, device=episode_of.device)
     wrote[episode_of] = True  # [E]
     n = wrote.sum().clamp(min=1)
     surrogate = clipped_surrogate(logp, old_logp, advantage[episode_of], clip_eps)  # [S]
     loss = -per_episode_mean(surrogate, episode_of, n_episodes).sum() / n
-    kl = torch.zeros(())
+    kl = logp.new_zeros(())
     if ref_logp is not None:
         kl = per_episode_mean(kl_to_reference(logp, ref_logp), episode_of, n_episodes).sum() / n
         loss = loss + kl_coef * kl
     clipped = ((logp - old_logp).exp() - 1).abs() > clip_eps  # [S]
-    return {"loss": loss, "kl": kl.detach(), "clip_frac": clipped.float().mean() if clipped.numel() else torch.zeros(())}
+    return {"loss": loss, "kl": kl.detach(), "clip_frac": clipped.float().mean() if clipped.numel() else logp.new_zeros(())}
 
 
 def leak_mass(logits: torch.Tensor, leak_ids: torch.Tensor) -> torch.Tensor:
