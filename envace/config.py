@@ -7,6 +7,7 @@ with an error naming the key instead of silently falling back to a default.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -189,6 +190,29 @@ class GateConfig(Section):
     max_examples: int = Field(3, ge=1)
 
 
+class RegistryConfig(Section):
+    """Stage `register`: the trained agent in the MLflow registry, alias `challenger` for every
+    new version and `champion` only for one that beats the current champion."""
+
+    variant: Literal["sft", "real_env", "simulator", "envace"] = "envace"
+    """Which trained variant is the agent."""
+    model_name: str = Field("envace-agent", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class ServeConfig(Section):
+    """`make serve`: the Prefect deployment `full-pipeline` and its retraining schedule."""
+
+    cron: str = "0 3 * * *"
+    """When the deployment retrains (standard 5-field cron, the server's time zone)."""
+
+    @model_validator(mode="after")
+    def _five_fields(self):
+        fields = self.cron.split()
+        if len(fields) != 5 or not all(re.fullmatch(r"[0-9A-Za-z*/,?-]+", f) for f in fields):
+            raise ValueError(f"cron {self.cron!r}: expected 5 fields like '0 3 * * *'")
+        return self
+
+
 class Params(Section):
     collect: CollectConfig = CollectConfig()
     prepare: PrepareConfig = PrepareConfig()
@@ -200,6 +224,8 @@ class Params(Section):
     gate: GateConfig = GateConfig()
     train: TrainConfig = TrainConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    registry: RegistryConfig = RegistryConfig()
+    serve: ServeConfig = ServeConfig()
 
 
 def parse_params(raw: dict, source: str = "params.yaml") -> Params:

@@ -22,7 +22,7 @@ def artifact_location(root: Path) -> str:
     return (Path(root).resolve() / ".mlflow" / "artifacts").as_uri()
 
 
-def _experiment_id(root: Path) -> str:
+def experiment_id(root: Path) -> str:
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri(root))
@@ -38,9 +38,9 @@ def pipeline_run(root: Path, run_name: str, tags: dict[str, str]):
     import mlflow
 
     (Path(root) / ".mlflow").mkdir(exist_ok=True)
-    experiment_id = _experiment_id(root)
-    mlflow.set_experiment(experiment_id=experiment_id)
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
+    exp_id = experiment_id(root)
+    mlflow.set_experiment(experiment_id=exp_id)
+    with mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=tags) as run:
         yield run
 
 
@@ -57,14 +57,16 @@ def stage_run(parent, stage: str):
 
 @contextmanager
 def variant_run(run_name: str, tags: dict[str, str]):
-    """A run of its own for one evaluated variant, so the MLflow UI compares variants side by
-    side; inside the flow it is nested under the stage's run (ENVACE_MLFLOW_RUN_ID)."""
+    """A top-level run for one evaluated variant, so the MLflow UI's run list shows the variants
+    side by side (nested runs are folded under their parent there); inside the flow the tag
+    `stage_run` names the stage's run (ENVACE_MLFLOW_RUN_ID)."""
     import mlflow
 
     root = Path.cwd()
     (root / ".mlflow").mkdir(exist_ok=True)
-    with mlflow.start_run(experiment_id=_experiment_id(root), run_name=run_name, tags=tags,
-                          parent_run_id=os.environ.get("ENVACE_MLFLOW_RUN_ID")) as run:
+    stage_run_id = os.environ.get("ENVACE_MLFLOW_RUN_ID")
+    with mlflow.start_run(experiment_id=experiment_id(root), run_name=run_name,
+                          tags={**tags, **({"stage_run": stage_run_id} if stage_run_id else {})}) as run:
         yield run
 
 

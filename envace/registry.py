@@ -1,0 +1,152 @@
+"""The trained agent in the MLflow model registry.
+
+`EnvaceAgent` is the agent as an MLflow pyfunc model: it wraps the `save_pretrained`
+directory (weights + tokenizer) and its `predict` plays each given task as one greedy
+episode in the task's real backend. `register` logs it, registers a new version of
+`envace-agent` under the alias `challenger`, and moves `champion` to it only when its
+held-out success beats the current champion's on the same tasks (the champion is loaded
+through `models:/envace-agent@champion` and re-evaluated, so both are measured alike).
+
+Like `envace.tracking`, this module imports MLflow; the rest of the library does not.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import mlflow
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+CHAMPION, CHALLENGER = "champion", "challenger"
+
+
+def as_tasks(model_input) -> list[dict]:
+    """Tasks from what `predict` may be given: a task dict, a list of them, or a DataFrame
+    with a `task` column (dicts or JSON strings)."""
+    import json
+
+    if hasattr(model_input, "columns"):
+        if "task" not in model_input.columns:
+            raise ValueError(f"expected a `task` column, got columns {list(model_input.columns)}")
+        model_input = model_input["task"].tolist()
+    if isinstance(model_input, dict):
+        model_input = [model_input]
+    return [json.loads(t) if isinstance(t, str) else t for t in model_input]
+
+
+class EnvaceAgent(mlflow.pyfunc.PythonModel):
+    """The agent: predict(tasks) → one episode per task in its domain's real backend."""
+
+    def load_context(self, context):
+        from envace.config import RolloutConfig
+        from envace.model import load
+        from envace.rollout.runner import Policy
+
+        model, tokenizer = load(context.artifacts["model"])
+        self.policy = Policy(model.eval(), tokenizer)
+        self.rollout = RolloutConfig(**(context.model_config or {}).get("rollout", {}))
+
+    def predict(self, context, model_input, params=None) -> list[dict]:
+        import torch
+
+        from envace.domains.base import Task
+        from envace.rollout.runner import EpisodeRunner, RealResponder
+
+        tasks = [Task.from_dict(t) for t in as_tasks(model_input)]
+        with torch.no_grad():
+            episodes = EpisodeRunner(self.policy, RealResponder(), self.rollout).run(tasks)
+        return [{"task_id": e.task.id, "success": bool(e.success), "answer": _answer(e.messages),
+                 "failure": e.failure, "messages": e.messages} for e in episodes]
+
+
+def _answer(messages: list[dict]) -> str | None:
+    final = [m["answer"] for m in messages if m["role"] == "act" and "answer" in m]
+    return final[-1] if final else None
+
+
+@dataclass
+class Registration:
+    """What `register` did: the new version, both scores on the same tasks, the verdict."""
+
+    model_name: str
+    version: str
+    run_id: str
+    challenger_success: float
+    champion_version: str | None
+    champion_success: float | None
+    promoted: bool
+    reason: str
+    n_tasks: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def log_agent(model_dir: Path, rollout: dict, run_name: str, tags: dict[str, str]):
+    """Log the agent as a pyfunc model into a new run (nested under the flow's stage run
+    when there is one); returns (run_id, model_uri)."""
+    import envace
+    from envace import tracking
+
+    root = Path.cwd()
+    with mlflow.start_run(experiment_id=tracking.experiment_id(root), run_name=run_name, tags=tags,
+                          parent_run_id=os.environ.get("ENVACE_MLFLOW_RUN_ID")) as run:
+        info = mlflow.pyfunc.log_model(
+            name="agent", python_model=EnvaceAgent(), artifacts={"model": str(model_dir)},
+            model_config={"rollout": rollout}, code_paths=[str(Path(envace.__file__).parent)],
+            pip_requirements=_requirements())
+    return run.info.run_id, info.model_uri
+
+
+def _requirements() -> list[str]:
+    """The pins the agent needs to load elsewhere (no slow dependency inference)."""
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name)}" for name in ("torch", "transformers", "tokenizers", "safetensors",
+                                                    "jsonschema", "pydantic", "pyyaml", "mlflow")]
+
+
+def register(model_dir: Path, success: float, tasks: list[dict], rollout: dict, model_name: str,
+             tags: dict[str, str]) -> Registration:
+    """New version of `model_name` (alias `challenger`); `champion` moves to it only if
+    `success` beats the current champion's success on the same `tasks`."""
+    client = MlflowClient()
+    run_id, model_uri = log_agent(model_dir, rollout, f"register-{model_name}", {"stage": "register"})
+    try:
+        client.get_registered_model(model_name)
+    except MlflowException:
+        client.create_registered_model(model_name, description="envace tool agent (ACT + REHEARSE, one model)")
+    version = mlflow.register_model(model_uri, model_name, tags=tags).version
+    client.set_registered_model_alias(model_name, CHALLENGER, version)
+    champion = current_champion(client, model_name)
+    if champion is None:
+        champion_success, promoted, reason = None, True, "no champion yet"
+    else:
+        champion_success = success_of(f"models:/{model_name}@{CHAMPION}", tasks)
+        promoted = success > champion_success
+        verdict = "beats" if promoted else "does not beat"
+        reason = f"challenger {success:.4f} {verdict} champion v{champion.version} {champion_success:.4f}"
+    if promoted:
+        client.set_registered_model_alias(model_name, CHAMPION, version)
+    result = Registration(model_name, str(version), run_id, success, champion and str(champion.version),
+                          champion_success, promoted, reason, len(tasks))
+    for key, value in {"success": success, "champion_success": champion_success, "promoted": promoted,
+                       "reason": reason}.items():
+        client.set_model_version_tag(model_name, version, key, "" if value is None else str(value))
+    return result
+
+
+def current_champion(client: MlflowClient, model_name: str):
+    try:
+        return client.get_model_version_by_alias(model_name, CHAMPION)
+    except MlflowException:
+        return None
+
+
+def success_of(model_uri: str, tasks: list[dict]) -> float:
+    """Held-out success of a registered agent, loaded the way users load it."""
+    results = mlflow.pyfunc.load_model(model_uri).predict(tasks)
+    return sum(r["success"] for r in results) / max(1, len(results))
