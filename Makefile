@@ -19,7 +19,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export PREFECT_LOGGING_LEVEL := WARNING
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: install run test clean
+.PHONY: install run serve serve-prefect serve-mlflow serve-worker test clean
 
 install: $(VENV)/.installed
 
@@ -35,8 +35,25 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 run: install
 	$(PY) -m envace.cli run
 
+# The pipeline as a service: Prefect + MLflow servers on 127.0.0.1 (PREFECT_PORT / MLFLOW_PORT,
+# 4200 / 5000) and the deployment envace/full-pipeline on the cron of params.yaml. Ctrl-C stops all.
+serve: install
+	$(PY) -m envace.cli serve
+
+# One part each (docker/compose.yaml runs them as separate containers).
+serve-prefect: install
+	$(PY) -m envace.cli serve --only prefect
+
+serve-mlflow: install
+	$(PY) -m envace.cli serve --only mlflow
+
+serve-worker: install
+	$(PY) -m envace.cli serve --only worker
+
+# The browser check (tests/test_browser.py, tests/test_service.py) needs Debian's chromium.
 test: install
-	$(PY) -m pytest -q
+	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+	ENVACE_REQUIRE_BROWSER=1 $(PY) -m pytest -q
 
 clean:
 	rm -rf .mlflow .prefect data metrics reports .dvc-site-cache

@@ -79,6 +79,16 @@ def _stage(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    from envace import env
+
+    root = Path(args.project_dir).resolve()
+    env.configure(root)
+    from flows.serve import serve
+
+    return serve(root, args.only)
+
+
 def _check_params(args) -> int:
     from envace.config import ParamsError, load_params
 
@@ -103,10 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--until", help="stop after this stage (default: run them all)")
     p.set_defaults(func=_run)
     p = sub.add_parser("stage", help="run one stage directly (no DVC, no tracking)")
-    p.add_argument("name", help="collect | prepare | validate_data | warmup | rehearsal_gate | train | evaluate")
+    p.add_argument("name", help="collect | prepare | validate_data | warmup | rehearsal_gate | train | evaluate | register")
     p.add_argument("--params", default="params.yaml")
     p.add_argument("--variant", help="train only: sft | real_env | simulator | envace (default envace)")
     p.set_defaults(func=_stage)
+    p = sub.add_parser("serve", help="Prefect + MLflow servers on 127.0.0.1 and the deployment envace/full-pipeline")
+    p.add_argument("--project-dir", default=".", help="project root holding dvc.yaml and params.yaml")
+    p.add_argument("--only", choices=("prefect", "mlflow", "worker"), help="run one part alone (docker/compose.yaml)")
+    p.set_defaults(func=_serve)
     p = sub.add_parser("check-params", help="validate params.yaml against the typed config")
     p.add_argument("--params", default="params.yaml")
     p.set_defaults(func=_check_params)

@@ -32,7 +32,7 @@ GATES = {
     "rehearsal_gate": ("rehearsal-gate", "reports/rehearsal_gate.md"),
 }
 # stage -> (artifact key, report file): results published as Prefect markdown artifacts.
-REPORTS = {"evaluate": ("evaluation", "reports/eval.md")}
+REPORTS = {"evaluate": ("evaluation", "reports/eval.md"), "register": ("registry", "reports/register.md")}
 
 
 class StageError(RuntimeError):
@@ -155,14 +155,46 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
                 create_markdown_artifact((root / report).read_text(), key=key, description=f"{stage} results")
             summary["stages"][stage] = result
             logger.info("%s: %s in %.1fs", stage, "ran" if result["ran"] else "up to date", result["seconds"])
+    if until is None:
+        summary["pushed"] = push(root)
+    summary["model"] = _registered(root)
     create_markdown_artifact(_summary_markdown(summary), key="pipeline-summary", description="envace pipeline run")
     return summary
 
 
+@task(name="dvc-push")
+def push(root: Path) -> str:
+    """`dvc push` to the default remote (.dvc/config; `dvc pull` restores a fresh clone)."""
+    remote = subprocess.run([sys.executable, "-m", "dvc", "remote", "default"], cwd=root, capture_output=True, text=True)
+    if remote.returncode != 0 or not remote.stdout.strip():
+        return "no default DVC remote configured: nothing pushed"
+    proc = subprocess.run([sys.executable, "-m", "dvc", "push", "-q"], cwd=root, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise StageError(f"dvc push to remote {remote.stdout.strip()!r} failed:\n{proc.stderr[-2000:]}")
+    return f"pushed to DVC remote {remote.stdout.strip()!r}"
+
+
+def _registered(root: Path) -> str | None:
+    path = root / "metrics" / "register.json"
+    if not path.exists():
+        return None
+    r = json.loads(path.read_text())
+    return f"{r['model_name']} v{r['version']} ({'champion' if r['promoted'] else 'challenger; champion unchanged'})"
+
+
 def _summary_markdown(summary: dict) -> str:
+    ran = [s for s, r in summary["stages"].items() if r["ran"]]
+    if ran:
+        headline = f"Retrained: {', '.join(ran)} ran (DVC found them stale); the rest was up to date."
+    else:
+        headline = "Up to date: nothing changed (data, params, code), no stage ran; the model is current."
+    if summary.get("model"):
+        headline += f" Registered model: {summary['model']}."
     rows = [f"| {s} | {'ran' if r['ran'] else 'up to date'} | {r['seconds']:.1f} |" for s, r in summary["stages"].items()]
     gates = [f"- **{s}**: {g}" for s, g in summary["gates"].items()]
-    return "\n".join(["# envace pipeline", "", "| stage | status | seconds |", "|---|---|---|", *rows, "", *gates]) + "\n"
+    pushed = [f"- DVC: {summary['pushed']}"] if summary.get("pushed") else []
+    return "\n".join(["# envace pipeline", "", headline, "", "| stage | status | seconds |", "|---|---|---|", *rows, "",
+                      *gates, *pushed]) + "\n"
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
 
     variants = ["train@sft", "train@real_env", "train@simulator", "train@envace"]
     assert list(summary["stages"]) == ["collect", "prepare", "validate_data", "warmup", "rehearsal_gate", *variants,
-                                       "evaluate"]
+                                       "evaluate", "register"]
     assert all(s["ran"] for s in summary["stages"].values())
     data = json.loads((project / "metrics/data.json").read_text())
     assert data["passed"] is True and data["domains"] == ["bank", "files", "trading"]
@@ -69,7 +69,7 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
 
     # one parent run, one nested run per stage with params, metrics and output hashes
     runs = _runs(project)
-    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags and "variant" not in r.data.tags]
     children = {r.data.tags["mlflow.runName"]: r for r in runs
                 if parents and r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
     assert len(parents) == 1 and set(children) == set(declared)
@@ -84,18 +84,25 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
     assert _artifact("data-gate").data.startswith("# Data validation: PASSED")
     assert _artifact("rehearsal-gate").data.startswith("# Rehearsal gate: PASSED")
     assert json.loads((project / "metrics/rehearsal.json").read_text())["passed"] is True
-    # every variant evaluated in the real backends, one MLflow run each (nested under the stage's run)
+    # every variant evaluated in the real backends, one top-level MLflow run each (tagged with the stage's run)
     evaluated = json.loads((project / "metrics/eval.json").read_text())["variants"]
     assert set(evaluated) == {"sft", "real_env", "simulator", "envace"}
     assert evaluated["envace"]["real_env_calls_train"] == 0
     eval_runs = [r for r in runs if r.data.tags.get("stage") == "evaluate" and "variant" in r.data.tags]
     assert sorted(r.data.tags["variant"] for r in eval_runs) == ["envace", "real_env", "sft", "simulator"]
-    assert {r.data.tags["mlflow.parentRunId"] for r in eval_runs} == {children["evaluate"].info.run_id}
+    assert {r.data.tags["stage_run"] for r in eval_runs} == {children["evaluate"].info.run_id}
+    assert not any("mlflow.parentRunId" in r.data.tags for r in eval_runs)
     assert _artifact("evaluation").data.startswith("# Evaluation:")
+    # the agent registered: first version, so champion and challenger; the comparison published
+    registered = json.loads((project / "metrics/register.json").read_text())
+    assert registered["version"] == "1" and registered["promoted"] and registered["reason"] == "no champion yet"
+    assert _artifact("registry").data.startswith("# register: envace-agent v1 promoted")
+    assert "Retrained:" in _artifact("pipeline-summary").data
 
     # nothing changed: everything is up to date, and `dvc repro` agrees
     again = envace_flow(project_dir=str(project))
     assert not any(s["ran"] for s in again["stages"].values())
+    assert "Up to date: nothing changed" in _artifact("pipeline-summary").data
     assert "Data and pipelines are up to date" in _dvc(project, "repro").stdout
 
     # a corrupted prepared line fails the gate, naming the expectation and the line

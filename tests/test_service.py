@@ -1,0 +1,212 @@
+"""The pipeline as a service: `envace serve` (Prefect + MLflow servers on loopback, the
+deployment `envace/full-pipeline`), triggered the way users trigger it, and the registry's
+champion / challenger rule on a real MLflow store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, make_project
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    """`envace serve` in a child process on free loopback ports; `stop()` always cleans up."""
+
+    def __init__(self, project: Path):
+        self.project = project
+        self.prefect_port, self.mlflow_port = free_port(), free_port()
+        self.api = f"http://127.0.0.1:{self.prefect_port}/api"
+        self.mlflow = f"http://127.0.0.1:{self.mlflow_port}"
+        self.env = {**os.environ, "PREFECT_HOME": str(project / ".prefect"), "PREFECT_PORT": str(self.prefect_port),
+                    "MLFLOW_PORT": str(self.mlflow_port), "PREFECT_API_URL": self.api}
+        self.env.pop("MLFLOW_TRACKING_URI", None)
+        self.proc = None
+
+    def start(self) -> None:
+        self.log = open(self.project / "serve.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "envace.cli", "serve", "--project-dir", str(self.project)],
+                                     cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"envace serve exited early:\n{self.logs()}"
+            if self.prefect("deployment", "inspect", "envace/full-pipeline").returncode == 0:
+                return
+            time.sleep(2)
+        raise AssertionError(f"deployment envace/full-pipeline never appeared:\n{self.logs()}")
+
+    def prefect(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "prefect"), *args], cwd=self.project, env=self.env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def trigger(self) -> tuple[subprocess.CompletedProcess, float]:
+        start = time.monotonic()
+        done = self.prefect("deployment", "run", "envace/full-pipeline", "--watch", "--watch-timeout", "900", timeout=960)
+        return done, time.monotonic() - start
+
+    def logs(self) -> str:
+        return (self.project / "serve.log").read_text(errors="replace")[-4000:]
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        servers_gone(self.prefect_port, self.mlflow_port)
+
+
+def servers_gone(*ports: int, timeout: float = 60) -> None:
+    """Wait until nothing listens on `ports` (the servers were stopped with serve)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listening = []
+        for port in ports:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    listening.append(port)
+        if not listening:
+            return
+        time.sleep(1)
+    raise AssertionError(f"servers still listening on {listening} after serve stopped")
+
+
+def fresh_clone(project: Path, clone: Path) -> Path:
+    """What a git clone of the project holds: the pipeline files and DVC's config, no outputs."""
+    clone.mkdir()
+    for name in ("dvc.yaml", "dvc.lock", "params.yaml", ".dvc/config"):
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        (clone / name).write_bytes((project / name).read_bytes())
+    (clone / "envace").symlink_to(ROOT / "envace")
+    return clone
+
+
+@pytest.mark.slow
+def test_served_deployment_runs_the_pipeline_registers_and_survives_a_kill(tmp_path):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from tests.browser import check_mlflow_ui
+
+    project = make_project(tmp_path / "project")
+    remote = tmp_path / "dvc-remote"
+    subprocess.run([sys.executable, "-m", "dvc", "remote", "add", "-d", "local", str(remote)], cwd=project, check=True)
+    service = Service(project)
+    try:
+        service.start()
+        inspect = service.prefect("deployment", "inspect", "envace/full-pipeline").stdout
+        assert "0 3 * * *" in inspect  # the schedule from params.yaml is registered
+
+        done, _ = service.trigger()
+        assert done.returncode == 0, done.stdout[-3000:] + service.logs()
+        assert "Completed" in done.stdout
+
+        # MLflow (through the server): one eval run per variant; the registry's aliases
+        mlflow.set_tracking_uri(service.mlflow)
+        client = MlflowClient()
+        runs = mlflow.search_runs(experiment_names=["envace"], output_format="list")
+        names = {r.info.run_name for r in runs}
+        assert {"eval-sft", "eval-real_env", "eval-simulator", "eval-envace"} <= names
+        champion = client.get_model_version_by_alias("envace-agent", "champion")
+        challenger = client.get_model_version_by_alias("envace-agent", "challenger")
+        assert str(champion.version) == str(challenger.version) == "1"
+        assert champion.tags["data_version"] != "unknown" and champion.tags["params_md5"]
+        # DVC: every stage pinned, the outputs pushed to the remote
+        lock = (project / "dvc.lock").read_text()
+        assert "register:" in lock and "train@envace:" in lock
+        assert any(p.is_file() for p in remote.rglob("*")), "nothing was pushed to the DVC remote"
+        clone = fresh_clone(project, tmp_path / "clone")
+        pulled = subprocess.run([sys.executable, "-m", "dvc", "pull", "-q"], cwd=clone, capture_output=True, text=True)
+        assert pulled.returncode == 0, pulled.stderr
+        for path in ("data/prepared/test.jsonl", "models/train/envace/model.safetensors", "models/warmup/model.safetensors"):
+            assert (clone / path).read_bytes() == (project / path).read_bytes(), path
+        # the registered champion loads by alias and runs a task
+        task = json.loads((project / "data/prepared/test.jsonl").read_text().splitlines()[0])["task"]
+        result = mlflow.pyfunc.load_model("models:/envace-agent@champion").predict(task)
+        assert result[0]["task_id"] == task["id"] and result[0]["messages"]
+
+        # nothing changed: the second run is quick, and its summary says so
+        done, seconds = service.trigger()
+        assert done.returncode == 0, done.stdout[-3000:]
+        summary = service.prefect("artifact", "inspect", "pipeline-summary").stdout
+        assert "Up to date: nothing changed" in summary
+        print(f"second trigger with nothing changed: {seconds:.1f}s")
+
+        # the browser: the served MLflow UI shows the variants' runs and the champion alias
+        check_mlflow_ui(service.mlflow, "envace", ["eval-sft", "eval-real_env", "eval-simulator", "eval-envace"],
+                        "envace-agent", "champion", tmp_path / "screenshots")
+
+        # kill -9 the service, restart it: the stores are intact and the deployment runs again
+        service.stop(signal.SIGKILL)
+        service.start()
+        mlflow.set_tracking_uri(service.mlflow)
+        assert str(client.get_model_version_by_alias("envace-agent", "champion").version) == "1"
+        assert len(mlflow.search_runs(experiment_names=["envace"], output_format="list")) >= len(runs)
+        done, _ = service.trigger()
+        assert done.returncode == 0, done.stdout[-3000:]
+    finally:
+        service.stop()
+
+
+def test_serve_refuses_a_bad_cron_naming_it(tmp_path):
+    project = make_project(tmp_path / "project", dvc=False)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    (project / "params.yaml").write_text(yaml.safe_dump({**params, "serve": {"cron": "every night"}}))
+    out = subprocess.run([sys.executable, "-m", "envace.cli", "serve", "--project-dir", str(project)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "every night" in out.stderr
+
+
+def test_challenger_becomes_champion_only_when_better(tmp_path, prepared_dir, monkeypatch):
+    """A real sqlite-backed registry: first version → champion; a worse one → challenger only;
+    a better one → champion."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from envace.config import ModelConfig
+    from envace.io import read_jsonl
+    from envace.model import build_default, save
+    from envace.registry import register
+    from transformers import PreTrainedTokenizerFast
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/.mlflow/mlflow.db")
+    monkeypatch.delenv("ENVACE_MLFLOW_RUN_ID", raising=False)
+    (tmp_path / ".mlflow").mkdir()
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(prepared_dir / "data/prepared/tokenizer")
+    model_dir = save(build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer),
+                     tokenizer, tmp_path / "agent")
+    tasks = [e["task"] for e in read_jsonl(prepared_dir / "data/prepared/test.jsonl")][:4]
+    rollout = {"max_turns": 2, "max_new_tokens": 16}
+
+    first = register(model_dir, 0.0, tasks, rollout, "agent", {"data_version": "d1"})
+    assert first.promoted and first.reason == "no champion yet"
+    # the champion is re-evaluated on the same tasks (an untrained model: 0 of 4)
+    worse = register(model_dir, 0.0, tasks, rollout, "agent", {"data_version": "d2"})
+    assert not worse.promoted and worse.champion_success == 0.0 and worse.champion_version == "1"
+    client = MlflowClient()
+    assert str(client.get_model_version_by_alias("agent", "champion").version) == "1"
+    assert str(client.get_model_version_by_alias("agent", "challenger").version) == "2"
+    better = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d3"})
+    assert better.promoted and str(client.get_model_version_by_alias("agent", "champion").version) == "3"
+    assert client.get_model_version("agent", "3").tags["data_version"] == "d3"
