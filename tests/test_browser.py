@@ -1,0 +1,123 @@
+"""The MLflow UI, seen through headless Chromium: a real `mlflow server` on loopback, seeded
+through the client, shows our runs and the registered model with its aliases."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.browser import check_mlflow_ui, install_chromium
+
+EXPERIMENT = "envace"
+VARIANTS = {"sft": 0.30, "real_env": 0.45, "simulator": 0.55, "envace": 0.70}
+MODEL = "envace-agent"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    binary = install_chromium()
+    if binary is None:
+        msg = "chromium is not installed and cannot be installed (apt-get install -y chromium)"
+        if os.environ.get("ENVACE_REQUIRE_BROWSER") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return binary
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real tracking server (sqlite + file artifacts under tmp_path); stopped on teardown."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    mlflow_cmd = [str(mlflow_bin)] if mlflow_bin.exists() else [sys.executable, "-m", "mlflow"]
+    cmd = [
+        *mlflow_cmd, "server",
+        "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "--default-artifact-root", (tmp_path / "artifacts").as_uri(),
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    ]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1"}
+    with open(tmp_path / "mlflow-server.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited {proc.returncode}:\n"
+                                   + (tmp_path / "mlflow-server.log").read_text()[-3000:])
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("mlflow server not healthy after 60 s:\n"
+                                   + (tmp_path / "mlflow-server.log").read_text()[-3000:])
+            time.sleep(0.25)
+        yield url
+    finally:
+        # the server's own process group (uvicorn/gunicorn workers included)
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+        except ProcessLookupError:
+            pass
+
+
+def seed(url: str) -> dict[str, str]:
+    """Experiment `envace` with one eval run per variant; `envace-agent` v1 (champion, from
+    eval-sft) and v2 (challenger, from eval-envace). Returns run ids by run name."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=url, registry_uri=url)
+    exp_id = client.create_experiment(EXPERIMENT)
+    runs = {}
+    for variant, success in VARIANTS.items():
+        run = client.create_run(exp_id, run_name=f"eval-{variant}")
+        client.log_metric(run.info.run_id, "success", success)
+        client.set_terminated(run.info.run_id)
+        runs[run.info.run_name] = run
+    client.create_registered_model(MODEL)
+    for name in ("eval-sft", "eval-envace"):
+        run = runs[name]
+        client.create_model_version(MODEL, source=f"{run.info.artifact_uri}/model",
+                                    run_id=run.info.run_id, await_creation_for=0)
+    client.set_registered_model_alias(MODEL, "champion", "1")
+    client.set_registered_model_alias(MODEL, "challenger", "2")
+    assert client.get_model_version_by_alias(MODEL, "champion").run_id == runs["eval-sft"].info.run_id
+    return {name: run.info.run_id for name, run in runs.items()}
+
+
+@pytest.mark.slow
+def test_mlflow_ui_shows_runs_and_model(chromium, mlflow_server, tmp_path):
+    runs = seed(mlflow_server)
+    out = tmp_path / "screenshots"
+    try:
+        result = check_mlflow_ui(mlflow_server, EXPERIMENT, list(runs), MODEL, "champion", out)
+    finally:
+        target = os.environ.get("ENVACE_SCREENSHOTS")
+        if target and out.is_dir():  # kept for a human look, pass or fail
+            shutil.copytree(out, target, dirs_exist_ok=True)
+    assert "challenger" in result["model_text"]
+    assert result["experiment_url"].endswith(f"#/experiments/{result['experiment_id']}/runs")
