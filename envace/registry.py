@@ -12,6 +12,7 @@ Like `envace.tracking`, this module imports MLflow; the rest of the library does
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,8 +27,6 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 def as_tasks(model_input) -> list[dict]:
     """Tasks from what `predict` may be given: a task dict, a list of them, or a DataFrame
     with a `task` column (dicts or JSON strings)."""
-    import json
-
     if hasattr(model_input, "columns"):
         if "task" not in model_input.columns:
             raise ValueError(f"expected a `task` column, got columns {list(model_input.columns)}")
