@@ -151,6 +151,17 @@ def test_served_deployment_runs_the_pipeline_registers_and_survives_a_kill(tmp_p
         assert "Up to date: nothing changed" in summary
         print(f"second trigger with nothing changed: {seconds:.1f}s")
 
+        # changed params: only the stale stages rerun; the same weights do not beat themselves
+        params = yaml.safe_load((project / "params.yaml").read_text())
+        params["evaluate"]["tasks"] = 10
+        (project / "params.yaml").write_text(yaml.safe_dump(params))
+        done, _ = service.trigger()
+        assert done.returncode == 0, done.stdout[-3000:]
+        summary = service.prefect("artifact", "inspect", "pipeline-summary").stdout
+        assert "Retrained: evaluate, register ran" in summary
+        assert str(client.get_model_version_by_alias("envace-agent", "challenger").version) == "2"
+        assert str(client.get_model_version_by_alias("envace-agent", "champion").version) == "1"
+
         # the browser: the served MLflow UI shows the variants' runs and the champion alias
         check_mlflow_ui(service.mlflow, "envace", ["eval-sft", "eval-real_env", "eval-simulator", "eval-envace"],
                         "envace-agent", "champion", tmp_path / "screenshots")
