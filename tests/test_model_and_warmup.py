@@ -192,6 +192,24 @@ def test_relabelled_examples_rename_names_consistently_and_nothing_else(prepared
     assert changed > len(plain.examples) // 2
 
 
+def test_relabelling_does_not_depend_on_how_domains_hash(prepared_dir, tokenizer, monkeypatch):
+    # Domain objects hash through their functions' addresses, which differ from process to
+    # process: nothing may iterate them in hash order, or each run renames differently
+    import random
+
+    from envace.domains.base import Domain
+    from envace.io import read_jsonl
+    from envace.roles import MinimalTemplate
+    from envace.train.data import SFTDataset
+
+    train = list(read_jsonl(prepared_dir / "data/prepared/train.jsonl"))
+    episodes = [e for d in ("bank", "files", "trading") for e in train if e["task"]["domain"] == d][::4]
+    hashes = random.Random(0)
+    monkeypatch.setattr(Domain, "__hash__", lambda self: hashes.randrange(1 << 30))
+    built = [SFTDataset(episodes, MinimalTemplate(), tokenizer, 0.0, relabel_rate=1.0).examples for _ in range(5)]
+    assert all(examples == built[0] for examples in built[1:])
+
+
 def test_probes_add_real_listings_for_rehearse_only(prepared_dir, tokenizer):
     import random
 

@@ -111,7 +111,10 @@ class SFTDataset(torch.utils.data.Dataset):
         self.dropout, self.seed, self.max_len = privileged_dropout, seed, max_len
         self.repeats = repeats(episodes, max_repeat)
         self.relabel_rate = relabel_rate
-        self.classes = relabel_classes(tokenizer, {get_domain(e["task"]["domain"]) for e in episodes})
+        # domains in first-seen order: a set of Domain objects iterates in an order that hashes of
+        # their functions (memory addresses) decide, which changed the renaming from run to run
+        domains = dict.fromkeys(e["task"]["domain"] for e in episodes)
+        self.classes = relabel_classes(tokenizer, [get_domain(d) for d in domains])
         self.resample(0)
 
     def resample(self, epoch: int) -> None:
