@@ -14,8 +14,13 @@ from pathlib import Path
 EXPERIMENT = "envace"
 
 
+def local_store(root: Path) -> str:
+    """The project's own MLflow store (what `envace serve`'s MLflow server serves)."""
+    return f"sqlite:///{Path(root).resolve()}/.mlflow/mlflow.db"
+
+
 def tracking_uri(root: Path) -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(root).resolve()}/.mlflow/mlflow.db"
+    return os.environ.get("MLFLOW_TRACKING_URI") or local_store(root)
 
 
 def artifact_location(root: Path) -> str:

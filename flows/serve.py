@@ -30,7 +30,7 @@ class ServeError(RuntimeError):
     pass
 
 
-def settings(root: Path) -> dict[str, str]:
+def settings() -> dict[str, str]:
     host = os.environ.get("ENVACE_HOST", "127.0.0.1")
     prefect_port, mlflow_port = os.environ.get("PREFECT_PORT", "4200"), os.environ.get("MLFLOW_PORT", "5000")
     tracking = os.environ.get("MLFLOW_TRACKING_URI", "")  # a server's URL wins; a local store does not
@@ -43,9 +43,11 @@ def settings(root: Path) -> dict[str, str]:
 
 
 def commands(root: Path, s: dict[str, str]) -> dict[str, list[str]]:
+    from envace.tracking import artifact_location, local_store
+
     bin_dir = Path(sys.executable).parent
-    mlflow = [str(bin_dir / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root}/.mlflow/mlflow.db",
-              "--default-artifact-root", (root / ".mlflow" / "artifacts").as_uri(), "--host", s["host"],
+    mlflow = [str(bin_dir / "mlflow"), "server", "--backend-store-uri", local_store(root),
+              "--default-artifact-root", artifact_location(root), "--host", s["host"],
               "--port", s["mlflow_port"], "--workers", "1"]
     if os.environ.get("ENVACE_MLFLOW_ALLOWED_HOSTS"):  # e.g. the compose service name
         mlflow += ["--allowed-hosts", os.environ["ENVACE_MLFLOW_ALLOWED_HOSTS"]]
@@ -81,7 +83,7 @@ def serve(root: Path, only: str | None = None) -> int:
 
     root = root.resolve()
     cron = load_params(root / "params.yaml").serve.cron  # fails fast on a bad params.yaml
-    s = settings(root)
+    s = settings()
     for state in (".mlflow", ".prefect"):
         (root / state).mkdir(exist_ok=True)
     if only == "worker":
