@@ -122,6 +122,50 @@ def test_envace_rehearsals_are_trained_and_simulator_outputs_are_not(tokenizer):
     assert rows == [([1, 2, 3], [0, 0, 2])] and episode_of == [0]
 
 
+def test_a_roles_turns_in_one_episode_share_one_row():
+    from envace.roles import ACT, REHEARSE
+    from envace.rollout.runner import Episode, Generation
+    from envace.train.grpo import generation_rows
+
+    act1, act2 = Generation(ACT, [1, 2], [3]), Generation(ACT, [1, 2, 3, 7], [8])  # act2's prompt extends act1
+    other = Generation(REHEARSE, [5, 6], [9])  # a different history: a row of its own
+    e = Episode(task=None, messages=[], generations=[act1, Generation(REHEARSE, [1, 9], [4]), act2, other])
+    rows, episode_of = generation_rows([e])
+    assert rows == [([1, 2, 3, 7, 8], [0, 0, 1, 0, 1]), ([1, 9, 4], [0, 0, 2]), ([5, 6, 9], [0, 0, 2])]
+    assert episode_of == [0, 0, 0]
+
+
+def test_shared_rows_give_every_generated_token_the_log_prob_it_has_alone(tokenizer):
+    """Packing turns into one row is exact: causal attention sees the same prefix."""
+    from envace.roles import ACT, REHEARSE
+    from envace.rollout.runner import Episode, Generation
+    from envace.train.grpo import generation_rows
+
+    module = _module(tokenizer, "envace")
+    g = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(5, len(tokenizer), (n,), generator=g).tolist()  # noqa: E731
+    episodes = []
+    for _ in range(3):
+        history, gens = ids(6), []
+        for turn in range(3):
+            for role in (ACT, REHEARSE):
+                out = ids(2 + turn)
+                prompt = history if role == ACT else history[:2] + [7] * turn
+                gens.append(Generation(role, list(prompt), out))
+                if role == ACT:
+                    history = history + out + ids(3)
+        episodes.append(Episode(task=None, messages=[], generations=gens))
+    alone = [(x.prompt_ids + x.output_ids, [0] * len(x.prompt_ids) + [1 + (x.role == REHEARSE)] * len(x.output_ids))
+             for e in episodes for x in e.generations]
+    packed, _ = generation_rows(episodes)
+    assert len(packed) < len(alone)
+    per_role = lambda rows: [sorted(lp[who == r].tolist()) for r in (1, 2)  # noqa: E731
+                             for lp, who in [(module._logprobs(rows, module.model),
+                                              torch.cat([w for _, _, w, _ in module._forward(rows, module.model)]))]]
+    for a, b in zip(per_role(packed), per_role(alone)):
+        assert a == pytest.approx(b, abs=1e-4)
+
+
 def test_unknown_variant_is_named(tokenizer):
     with pytest.raises(ValueError, match="unknown variant 'sim'"):
         _module(tokenizer, "sim")

@@ -91,7 +91,7 @@ def last_checkpoint(path: Path):
     class _LastCheckpoint(L.Callback):
         def on_train_batch_end(self, trainer, *args):
             part = path.with_suffix(".part")
-            trainer.save_checkpoint(part)
+            trainer.save_checkpoint(part, weights_only=False)  # the whole state: resume needs the optimizer
             os.replace(part, path)
 
     return _LastCheckpoint()

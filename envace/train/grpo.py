@@ -64,13 +64,24 @@ def rewards_of(episodes: list[Episode], process_weight: float) -> torch.Tensor:
 
 
 def generation_rows(episodes: list[Episode]) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
-    """Every trained generation as (ids, roles) with its episode index; frozen-simulator
-    outputs carry role 0 (context, never trained)."""
+    """Every trained generation as (ids, roles) rows with their episode index. A generation
+    whose prompt extends the previous row of the same episode and role joins that row (a
+    role's later prompts repeat its earlier turns), so each token is read once; the
+    tokens in between (tool responses, the next prompt) carry role 0. Frozen-simulator
+    outputs carry role 0 too (context, never trained)."""
     rows, episode_of = [], []
     for i, e in enumerate(episodes):
+        last: dict[str, int] = {}  # role -> its latest row
         for g in e.generations:
-            if g.role in (ACT, REHEARSE):
-                rows.append((g.prompt_ids + g.output_ids, [0] * len(g.prompt_ids) + [ROLE_IDS[g.role]] * len(g.output_ids)))
+            if g.role not in (ACT, REHEARSE):
+                continue
+            rid, j = ROLE_IDS[g.role], last.get(g.role)
+            if j is not None and g.prompt_ids[: len(rows[j][0])] == rows[j][0]:
+                ids, roles = rows[j]
+                rows[j] = (g.prompt_ids + g.output_ids, roles + [0] * (len(g.prompt_ids) - len(ids)) + [rid] * len(g.output_ids))
+            else:
+                last[g.role] = len(rows)
+                rows.append((g.prompt_ids + g.output_ids, [0] * len(g.prompt_ids) + [rid] * len(g.output_ids)))
                 episode_of.append(i)
     return rows, episode_of
 
@@ -131,7 +142,8 @@ class GRPOModule(L.LightningModule):
         for (_, roles), e in zip(rows, episode_of):
             has[max(roles)][e] = True
         advantages = {rid: role_advantages(rewards, task_of, has[rid], self.cfg.normalize_std) for rid in has}
-        old = self._logprobs(rows, self.model)
+        # one update per rollout batch: the old policy is the current one (ratio 1), no extra pass
+        old = self._logprobs(rows, self.model) if self.cfg.ppo_epochs > 1 else None
         ref = self._logprobs(rows, self.reference) if self.reference is not None else None
         self.model.train()
         opt = self.optimizers()
@@ -162,12 +174,15 @@ class GRPOModule(L.LightningModule):
         self.history, self.real_calls = checkpoint["grpo"]["history"], checkpoint["grpo"]["real_calls"]
 
     def _forward(self, rows, model):
-        """(logits [N, V], targets [N], who [N], row [N]) for rows, ROWS_PER_FORWARD at a time."""
+        """(logits [N, V], targets [N], who [N], row [N]) for rows, ROWS_PER_FORWARD at a time,
+        shortest first (little padding); the same order on every call."""
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
         for lo in range(0, len(rows), ROWS_PER_FORWARD):
-            b = collate(rows[lo : lo + ROWS_PER_FORWARD], self.policy.pad_id)
+            chunk = order[lo : lo + ROWS_PER_FORWARD]
+            b = collate([rows[i] for i in chunk], self.policy.pad_id)
             logits, targets, who, row = role_targets(model, b["input_ids"].to(self.device),
                                                      b["attention_mask"].to(self.device), b["roles"].to(self.device))
-            yield logits, targets, who, row + lo
+            yield logits, targets, who, torch.tensor(chunk, device=row.device)[row]
 
     def _logprobs(self, rows, model) -> torch.Tensor:
         with torch.no_grad():
@@ -183,7 +198,7 @@ class GRPOModule(L.LightningModule):
             mine = who == rid
             if not mine.any():
                 continue
-            part = grpo_role_loss(logp[mine], old[mine], advantages[rid].to(logp.device), episode[mine], n_episodes, self.cfg.clip_eps,
+            part = grpo_role_loss(logp[mine], logp[mine].detach() if old is None else old[mine], advantages[rid].to(logp.device), episode[mine], n_episodes, self.cfg.clip_eps,
                                   None if ref is None else ref[mine], self.cfg.kl_coef)
             total = total + weight * part["loss"]
             kl, clip_frac = kl + part["kl"], torch.maximum(clip_frac, part["clip_frac"])
