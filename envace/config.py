@@ -163,8 +163,9 @@ class TrainConfig(Section):
     normalize_std: bool = True
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the KL to the warmup model (0 = no reference model kept)."""
-    lambda_env: float = Field(1.0, ge=0)
-    """Weight of the REHEARSE loss relative to the ACT loss."""
+    lambda_env: float = Field(0.3, ge=0)
+    """Weight of the REHEARSE loss relative to the ACT loss (at 1.0 the REHEARSE gradient,
+    noisier with respect to success, drowns ACT's in the shared weights)."""
     leak_coef: float = Field(0.1, ge=0)
     """Weight of the persona-leak loss (ACT's probability on response-only tokens)."""
     process_reward: float = Field(0.0, ge=0)

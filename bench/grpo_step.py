@@ -1,0 +1,83 @@
+"""The GRPO update's cost: a role's turns packed into one row per episode vs one row per
+generation (each with its whole prompt), on the same episodes, same model.
+
+Run after warmup: `.venv/bin/python bench/grpo_step.py [--variant envace] [--repeats 3]`.
+Plays one training step's episodes (`train.tasks_per_step` × `train.group_size`) with the
+warmup model, then times the loss forward + backward over both row layouts alternately and
+reports the median; "one row per generation" also pays the separate old-policy pass the
+update made before (now skipped when `train.ppo_epochs` is 1: the ratio is 1 there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def rows_alone(episodes):
+    """The earlier layout: every generation its own row, prompt included."""
+    from envace.roles import ACT, REHEARSE, ROLE_IDS
+
+    rows, episode_of = [], []
+    for i, e in enumerate(episodes):
+        for g in e.generations:
+            if g.role in (ACT, REHEARSE):
+                rows.append((g.prompt_ids + g.output_ids, [0] * len(g.prompt_ids) + [ROLE_IDS[g.role]] * len(g.output_ids)))
+                episode_of.append(i)
+    return rows, episode_of
+
+
+def update_seconds(module, rows, old_pass: bool) -> float:
+    import torch.nn.functional as F
+
+    start = time.perf_counter()
+    if old_pass:
+        module._logprobs(rows, module.model)
+    logits, targets, _, _ = zip(*module._forward(rows, module.model))
+    (-F.cross_entropy(torch.cat(logits), torch.cat(targets), reduction="none")).sum().backward()
+    module.model.zero_grad()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    from envace.config import load_params
+    from envace.domains.base import Task
+    from envace.io import read_jsonl
+    from envace.model import load
+    from envace.rollout.runner import Policy
+    from envace.train.grpo import GRPOModule, generation_rows, leak_ids_of
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", default="envace", choices=("envace", "real_env", "simulator"))
+    parser.add_argument("--model", default="models/warmup")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    torch.set_num_threads(2)
+    params = load_params("params.yaml")
+    model, tokenizer = load(args.model)
+    episodes = list(read_jsonl("data/prepared/train.jsonl"))
+    simulator = Policy(load(args.model)[0].eval(), tokenizer) if args.variant == "simulator" else None
+    module = GRPOModule(Policy(model, tokenizer), [Task.from_dict(e["task"]) for e in episodes], args.variant,
+                        params.train, params.rollout, params.roles, leak_ids_of(tokenizer, episodes), simulator)
+    with torch.no_grad():
+        played = module.runner.run(module.sample_tasks(0)[0])
+    packed, alone = generation_rows(played)[0], rows_alone(played)[0]
+    times = {"packed": [], "alone": []}
+    for _ in range(args.repeats):
+        times["packed"].append(update_seconds(module, packed, old_pass=False))
+        times["alone"].append(update_seconds(module, alone, old_pass=True))
+    tokens = {name: sum(len(ids) for ids, _ in rows) for name, rows in (("packed", packed), ("alone", alone))}
+    print(f"{args.variant}: {len(played)} episodes; median of {args.repeats}")
+    print(f"{'layout':<26} {'rows':>5} {'tokens':>7} {'update s':>9}")
+    for name, label in (("alone", "one row per generation"), ("packed", "packed (one per role)")):
+        print(f"{label:<26} {len(alone if name == 'alone' else packed):>5} {tokens[name]:>7} "
+              f"{statistics.median(times[name]):>9.2f}")
+    print(f"speed-up of the update: {statistics.median(times['alone']) / statistics.median(times['packed']):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
