@@ -56,7 +56,8 @@ class EnvaceAgent(mlflow.pyfunc.PythonModel):
 
         tasks = [Task.from_dict(t) for t in as_tasks(model_input)]
         with torch.no_grad():
-            episodes = EpisodeRunner(self.policy, RealResponder(), self.rollout).run(tasks)
+            # greedy, as `evaluate` measures it (the rollout's temperature is the training one)
+            episodes = EpisodeRunner(self.policy, RealResponder(), self.rollout, temperature=0.0).run(tasks)
         return [{"task_id": e.task.id, "success": bool(e.success), "answer": _answer(e.messages),
                  "failure": e.failure, "messages": e.messages} for e in episodes]
 

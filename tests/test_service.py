@@ -221,3 +221,31 @@ def test_challenger_becomes_champion_only_when_better(tmp_path, prepared_dir, mo
     better = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d3"})
     assert better.promoted and str(client.get_model_version_by_alias("agent", "champion").version) == "3"
     assert client.get_model_version("agent", "3").tags["data_version"] == "d3"
+
+
+def test_the_registered_agent_decodes_greedily_as_evaluate_does(tmp_path, prepared_dir, monkeypatch):
+    """The champion is re-evaluated through the registry: sampling there (the rollout's
+    training temperature) would score it lower than `evaluate` scored the challenger."""
+    import mlflow
+
+    from envace.config import ModelConfig
+    from envace.io import read_jsonl
+    from envace.model import build_default, save
+    from envace.registry import log_agent
+    from envace.rollout.runner import Policy
+    from transformers import PreTrainedTokenizerFast
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ENVACE_MLFLOW_RUN_ID", raising=False)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(prepared_dir / "data/prepared/tokenizer")
+    model_dir = save(build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer),
+                     tokenizer, tmp_path / "agent")
+    _, uri = log_agent(model_dir, {"max_turns": 2, "max_new_tokens": 8, "temperature": 1.0}, "agent", {})
+    temperatures = []
+    generate = Policy.generate
+    monkeypatch.setattr(Policy, "generate", lambda self, prompts, n, temperature, *a: temperatures.append(temperature)
+                        or generate(self, prompts, n, temperature, *a))
+    tasks = [e["task"] for e in read_jsonl(prepared_dir / "data/prepared/test.jsonl")][:3]
+    assert len(mlflow.pyfunc.load_model(uri).predict(tasks)) == 3
+    assert temperatures and set(temperatures) == {0.0}
