@@ -241,7 +241,7 @@ def test_worker_waits_for_both_servers_to_be_healthy():
     depends = services["worker"]["depends_on"]
     assert set(depends) == {"prefect", "mlflow"}
     assert all(d["condition"] == "service_healthy" for d in depends.values())
-    for name, url in [("prefect", "http://localhost:4200/api/health"), ("mlflow", "http://localhost:5000/health")]:
+    for name, url in [("prefect", "http://prefect:4200/api/health"), ("mlflow", "http://mlflow:5000/health")]:
         test = services[name]["healthcheck"]["test"]
         assert test[0] == "CMD" and url in " ".join(test), name
 
@@ -249,7 +249,7 @@ def test_worker_waits_for_both_servers_to_be_healthy():
 def test_environment_wires_the_services_together():
     services = load_compose()["services"]
     for name in ("prefect", "mlflow"):
-        assert services[name]["environment"]["ENVACE_HOST"] == "0.0.0.0", name
+        assert services[name]["environment"]["ENVACE_HOST"] == name, name  # its network address, not 0.0.0.0
     assert services["worker"]["environment"]["PREFECT_API_URL"] == "http://prefect:4200/api"
     assert services["worker"]["environment"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
     allowed = services["mlflow"]["environment"]["ENVACE_MLFLOW_ALLOWED_HOSTS"].split(",")
