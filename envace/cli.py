@@ -13,6 +13,16 @@ def _run(args) -> int:
 
     root = Path(args.project_dir).resolve()
     env.configure(root)
+    if args.profile:
+        from envace.config import ParamsError, apply_profile
+
+        try:
+            changed = apply_profile(root / "params.yaml", root / "profiles" / f"{args.profile}.yaml")
+        except ParamsError as err:
+            print(f"envace run: {err}", file=sys.stderr)
+            return 2
+        print(f"profile {args.profile} written into params.yaml ({len(changed)} value(s); `git checkout params.yaml` "
+              "returns to the default):\n  " + "\n  ".join(changed or ["(already applied)"]), flush=True)
     from flows.full_pipeline import envace_flow
 
     try:
@@ -111,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("run", help="run the pipeline: the Prefect flow 'envace' over the DVC stages")
     p.add_argument("--project-dir", default=".", help="project root holding dvc.yaml and params.yaml")
     p.add_argument("--until", help="stop after this stage (default: run them all)")
+    p.add_argument("--profile", help="first write profiles/NAME.yaml's values into params.yaml (e.g. smollm2-cpu)")
     p.set_defaults(func=_run)
     p = sub.add_parser("stage", help="run one stage directly (no DVC, no tracking)")
-    p.add_argument("name", help="collect | prepare | validate_data | warmup | rehearsal_gate | train | evaluate | register")
+    p.add_argument("name", help="collect | prepare | validate_data | base_model | warmup | rehearsal_gate | train | evaluate | register")
     p.add_argument("--params", default="params.yaml")
     p.add_argument("--variant", help="train only: sft | real_env | simulator | envace (default envace)")
     p.set_defaults(func=_stage)

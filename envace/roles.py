@@ -12,8 +12,10 @@ A rendered input is a list of `Segment`s: text plus the role that generated it (
 context). Tokenizing segment by segment gives the token-level role masks that decide
 what each loss trains on — prompt and tool tokens are never trained.
 
-Two templates: ours (special tokens `<|act|>`, `<|tool|>`, …; the embedded default) and the
-tokenizer's chat template when the model has one (any local HF checkpoint).
+Two templates: ours (special tokens `<|act|>`, `<|tool|>`, …; the embedded default, and
+base checkpoints without a chat template) and the checkpoint's own chat template when it
+has one (SmolLM2's ChatML, any local HF checkpoint). Each names its `end`: the token that
+closes a role's output, the generation's stop, stripped before parsing.
 """
 
 from __future__ import annotations
@@ -76,14 +78,23 @@ def _pairs(messages: list[dict]) -> list[tuple[dict, list[dict]]]:
     return out
 
 
+class TemplateError(ValueError):
+    """A checkpoint's chat template cannot carry the two roles (the message says why)."""
+
+
 class MinimalTemplate:
-    """Our template for models without a chat template (special tokens as markers)."""
+    """Our template for models without a chat template: special tokens as markers (the
+    embedded default's own, or added to a base checkpoint's vocabulary by `envace.model`)."""
 
     end = "<|end|>"
+    MARKERS = ("<|user|>", "<|act|>", "<|tool|>", "<|rehearse|>", "<|facts|>", "<|end|>")
+
+    def __init__(self, bos: str = "<s>"):
+        self.bos = bos
 
     def act(self, tools: list[dict], request: str, messages: list[dict], train: bool = True) -> list[Segment]:
         """ACT's context over a whole episode; with `train`, every act message is a target."""
-        segs = [Segment(f"<s><|act|>{' '.join(signature(t) for t in tools)}<|user|>{request}")]
+        segs = [Segment(f"{self.bos}<|act|>{' '.join(signature(t) for t in tools)}<|user|>{request}")]
         for act_msg, tool_msgs in _pairs(messages):
             segs.append(Segment("<|act|>"))
             segs.append(Segment(act_text(act_msg) + self.end, ACT if train else None))
@@ -99,7 +110,7 @@ class MinimalTemplate:
         Every given response is a target (with `train`); a final step without a response
         makes this the prompt for rehearsing that call.
         """
-        segs = [Segment(f"<s><|rehearse|>{' '.join(signature(t) for t in tools)}<|user|>{request}")]
+        segs = [Segment(f"{self.bos}<|rehearse|>{' '.join(signature(t) for t in tools)}<|user|>{request}")]
         for call, facts, response in steps:
             text = f"<|act|>{compact_json({'name': call['name'], 'arguments': call['arguments']})}"
             if facts is not None:
@@ -110,50 +121,95 @@ class MinimalTemplate:
         return segs
 
 
+ACT_SYSTEM = ("You are ACT, an agent that uses tools. Reply with a JSON list of calls "
+              '[{"name":...,"arguments":{...}}] or with {"answer":"..."}.')
+REHEARSE_SYSTEM = "You are REHEARSE: you answer each call as the tool would, with one JSON object."
+
+
 class ChatTemplate:
-    """Renders through the tokenizer's own chat template (e.g. ChatML for SmolLM2)."""
+    """Renders both roles through the checkpoint's own chat template (ChatML for SmolLM2).
+
+    Tools go where the template expects them: through `apply_chat_template(tools=...)` when
+    the template reads `tools`, else into the system turn. A role's output is the assistant
+    turn's content followed by the template's end-of-turn token (`end`, the generation's
+    stop), and only that is a target: what the template writes after it (ChatML's newline)
+    is context. Segments come from diffing successive renders, which is exact only for a
+    template whose render of a conversation extends the render of its prefix; every render
+    is checked and a template that rewrites earlier turns is a `TemplateError`.
+    """
 
     def __init__(self, tokenizer):
         self.tok = tokenizer
-        self.end = ""  # the template closes each assistant turn itself
+        self.native_tools = "tools" in str(tokenizer.chat_template)
+        self.end = self._end_of_turn()
 
-    def _render(self, chat: list[dict], generation_prompt: bool) -> str:
-        return self.tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation_prompt)
+    def _render(self, chat: list[dict], generation_prompt: bool, tools: list[dict] | None = None) -> str:
+        kwargs = {"tools": [{"type": "function", "function": t["function"]} for t in tools]} if tools else {}
+        try:
+            return self.tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
+        except Exception as err:  # jinja raises its own types (e.g. roles that must alternate)
+            raise TemplateError(f"the chat template cannot render envace's conversation: {err}") from None
 
-    def _segments(self, chat: list[dict], targets: set[int], role: str) -> list[Segment]:
+    def _end_of_turn(self) -> str:
+        """The special token the template closes an assistant turn with."""
+        chat = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+        prefix = self._render(chat, True)
+        full = self._render(chat + [{"role": "assistant", "content": "X"}], False)
+        self._check_extends(prefix, full, 2)
+        after = full[len(prefix):]
+        if not after.startswith("X"):
+            raise TemplateError("the chat template does not render an assistant turn after the generation prompt")
+        specials = sorted(set(self.tok.all_special_tokens) | set(self.tok.get_added_vocab()), key=len, reverse=True)
+        end = next((t for t in specials if t and after[1:].lstrip().startswith(t)), None)
+        if end is None:
+            raise TemplateError(f"the chat template closes an assistant turn with {after[1:]!r}, not a special token: "
+                                "generation would have no stop token")
+        return end
+
+    def _segments(self, chat: list[dict], targets: set[int], role: str, tools: list[dict] | None) -> list[Segment]:
         """Diff successive renders so each assistant turn becomes its own segment."""
         segs, done = [], ""
         for i, msg in enumerate(chat):
-            if msg["role"] == "assistant":
-                prefix = self._render(chat[:i], True)
-                segs.append(Segment(prefix[len(done):]))
-                full = self._render(chat[: i + 1], False)
-                segs.append(Segment(full[len(prefix):], role if i in targets else None))
-                done = full
-        tail = self._render(chat, chat[-1]["role"] != "assistant")
-        if len(tail) > len(done):
-            segs.append(Segment(tail[len(done):]))
-        return segs
+            if msg["role"] != "assistant":
+                continue
+            prefix = self._render(chat[:i], True, tools)
+            full = self._render(chat[: i + 1], False, tools)
+            self._check_extends(done, prefix, i)
+            self._check_extends(prefix, full, i)
+            turn = full[len(prefix):]
+            cut = turn.index(self.end, len(msg["content"])) + len(self.end)  # the output ends with the stop token
+            segs += [Segment(prefix[len(done):]), Segment(turn[:cut], role if i in targets else None), Segment(turn[cut:])]
+            done = full
+        tail = self._render(chat, chat[-1]["role"] != "assistant", tools)
+        self._check_extends(done, tail, len(chat))
+        segs.append(Segment(tail[len(done):]))
+        return [s for s in segs if s.text]
+
+    @staticmethod
+    def _check_extends(prefix: str, text: str, turn: int) -> None:
+        if not text.startswith(prefix):
+            raise TemplateError(f"the chat template is not prefix-stable: rendering up to message {turn} rewrites "
+                                "earlier text (e.g. it drops or reformats earlier turns), so training targets "
+                                "cannot be cut from the render exactly")
+
+    def _system(self, header: str, tools: list[dict]) -> str:
+        return header if self.native_tools else f"{header} Tools: {' '.join(signature(t) for t in tools)}"
 
     def act(self, tools, request, messages, train: bool = True) -> list[Segment]:
-        system = ("You are ACT, an agent that uses tools. Tools: " + " ".join(signature(t) for t in tools)
-                  + '. Reply with a JSON list of calls [{"name":...,"arguments":{...}}] or {"answer":"..."}.')
-        chat = [{"role": "system", "content": system}, {"role": "user", "content": request}]
+        chat = [{"role": "system", "content": self._system(ACT_SYSTEM, tools)}, {"role": "user", "content": request}]
         targets = set()
         for act_msg, tool_msgs in _pairs(messages):
             targets.add(len(chat))
             chat.append({"role": "assistant", "content": act_text(act_msg)})
             if tool_msgs:
                 chat.append({"role": "user", "content": "Tool responses: " + " ".join(model_json(t["response"]) for t in tool_msgs)})
-        return self._segments(chat, targets if train else set(), ACT)
+        return self._segments(chat, targets if train else set(), ACT, tools if self.native_tools else None)
 
     def act_prompt(self, tools, request, messages) -> list[Segment]:
         return self.act(tools, request, messages, train=False)
 
     def rehearse(self, tools, request, steps, train: bool = True) -> list[Segment]:
-        system = ("You are REHEARSE: you answer each call as the tool would, with one JSON object. Tools: "
-                  + " ".join(signature(t) for t in tools))
-        chat = [{"role": "system", "content": system}]
+        chat = [{"role": "system", "content": self._system(REHEARSE_SYSTEM, tools)}]
         targets = set()
         for i, (call, facts, response) in enumerate(steps):
             text = f"Request: {request}\n" if i == 0 else ""
@@ -164,18 +220,31 @@ class ChatTemplate:
             if response is not None:
                 targets.add(len(chat))
                 chat.append({"role": "assistant", "content": model_json(response)})
-        return self._segments(chat, targets if train else set(), REHEARSE)
+        return self._segments(chat, targets if train else set(), REHEARSE, tools if self.native_tools else None)
 
 
 def template_for(tokenizer):
-    return ChatTemplate(tokenizer) if getattr(tokenizer, "chat_template", None) else MinimalTemplate()
-
-
-def stop_token_id(tokenizer) -> int:
-    """The token that ends a role's output."""
+    """The checkpoint's chat template when it has one, else our markers."""
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.eos_token_id
-    return tokenizer.convert_tokens_to_ids(MinimalTemplate.end)
+        return ChatTemplate(tokenizer)
+    return MinimalTemplate(tokenizer.bos_token or "")
+
+
+def check_template(tokenizer, tools: list[dict]) -> None:
+    """Fail early, naming the problem, when a checkpoint's template cannot carry both roles:
+    it must render both conversations prefix-stably, end each turn with a stop token, and
+    show ACT every offered tool."""
+    template = template_for(tokenizer)
+    call = {"name": tools[0]["function"]["name"], "arguments": {}}
+    history = [{"role": "user", "content": "probe"}, {"role": "act", "calls": [call]},
+               {"role": "tool", "name": call["name"], "response": {"ok": True}}]
+    template.act(tools, "probe", history)
+    template.rehearse(tools, "probe", [(call, None, {"ok": True}), (call, None, None)])
+    act = template.act_prompt(tools, "probe", history[:1])
+    missing = [t["function"]["name"] for t in tools if t["function"]["name"] not in "".join(s.text for s in act)]
+    if missing:
+        raise TemplateError(f"the chat template cannot render the tools: ACT's prompt lost {', '.join(missing)} "
+                            "(does the template drop the system turn?)")
 
 
 def encode(tokenizer, segments: list[Segment]) -> tuple[list[int], list[int]]:

@@ -15,9 +15,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def warmed(prepared_dir, tmp_path_factory):
-    """collect + prepare (shared) + warmup on the tiny profile, in a private copy."""
+    """collect + prepare (shared) + base_model + warmup on the tiny profile, in a private copy."""
     from envace.config import parse_params
-    from envace.stages import warmup
+    from envace.stages import base_model, warmup
     from tests.conftest import TINY_PARAMS
 
     root = tmp_path_factory.mktemp("warmed")
@@ -25,6 +25,7 @@ def warmed(prepared_dir, tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(root)
     try:
+        base_model.run(parse_params(TINY_PARAMS))
         warmup.run(parse_params(TINY_PARAMS))
     finally:
         os.chdir(cwd)

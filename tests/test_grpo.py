@@ -9,7 +9,7 @@ import torch
 
 from envace.config import ModelConfig, RolesConfig, RolloutConfig, TrainConfig
 from envace.train import losses
-from envace.train.losses import clipped_surrogate, grpo_role_loss, kl_to_reference, leak_mass, role_advantages
+from envace.train.losses import clipped_surrogate, grpo_role_loss, kl_to_reference, leak_mass, role_advantages, token_weights
 
 
 def test_losses_doctests():
@@ -35,8 +35,9 @@ def test_each_episode_counts_once_per_role_however_many_tokens_it_has():
     # episode 0: 1 token with advantage +1; episode 1: 9 tokens with advantage -1
     episode_of = torch.tensor([0] + [1] * 9)
     logp = torch.zeros(10, requires_grad=True)
-    out = grpo_role_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), episode_of, 2, clip_eps=0.2)
-    assert out["loss"].item() == pytest.approx(0.0)  # (−1 + 1) / 2: the long episode does not dominate
+    weight = token_weights(torch.tensor([1.0, 9.0]), episode_of, 2)
+    out = grpo_role_loss(logp, logp.detach(), torch.tensor([1.0, -1.0])[episode_of], weight, clip_eps=0.2)
+    assert out["loss"].item() == pytest.approx(0.0, abs=1e-6)  # (−1 + 1) / 2: the long episode does not dominate
     out["loss"].backward()
     assert logp.grad[0].item() == pytest.approx(-0.5) and logp.grad[1:].sum().item() == pytest.approx(0.5)
 
@@ -52,7 +53,7 @@ def test_role_loss_stays_on_the_device_of_its_inputs():
     # "meta" stands in for a GPU: any tensor made on the CPU inside the loss fails to mix with it
     meta = lambda *values: torch.tensor(values).to("meta")  # noqa: E731
     logp = meta(-1.0, -2.0, -0.5)
-    out = grpo_role_loss(logp, logp, meta(1.0, -1.0), meta(0, 1, 1), 2, 0.2, ref_logp=logp, kl_coef=0.1)
+    out = grpo_role_loss(logp, logp, meta(1.0, -1.0, -1.0), meta(0.5, 0.25, 0.25), 0.2, ref_logp=logp, kl_coef=0.1)
     assert {v.device.type for v in out.values()} == {"meta"}
 
 
@@ -79,13 +80,13 @@ def _module(tokenizer, variant, **overrides):
     from envace.data.demonstrations import generate_tasks
     from envace.model import build_default
     from envace.rollout.runner import Policy
-    from envace.train.grpo import GRPOModule, leak_token_ids
+    from envace.train.grpo import GRPOModule, leak_words
 
     model = build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer)
     policy = Policy(model, tokenizer)
     cfg = TrainConfig(tasks_per_step=2, group_size=2, **overrides)
     rollout = RolloutConfig(max_turns=2, max_calls_per_turn=2, max_new_tokens=12, batch_size=8)
-    leak = leak_token_ids(tokenizer, ['{"balance":120}'], ['[{"name":"get_balance","arguments":{"account_id":"A12"}}]'])
+    leak = leak_words(['{"balance":120}'], ['[{"name":"get_balance","arguments":{"account_id":"A12"}}]'])
     simulator = Policy(build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                                                  seed=1), tokenizer), tokenizer)
     tasks = generate_tasks(get_domain("bank"), 6, seed=0)

@@ -108,11 +108,16 @@ def test_any_local_hf_checkpoint_loads_and_runs_episodes(tmp_path, prepared_dir)
     assert all(e.done for e in episodes)
 
 
-def test_loading_a_directory_that_is_not_a_checkpoint_is_a_clear_error(tmp_path):
-    from envace.model import load
+def test_loading_a_directory_that_is_not_a_checkpoint_is_a_clear_error(tmp_path, model, tokenizer):
+    from envace.model import CheckpointError, load
 
-    with pytest.raises(FileNotFoundError, match="not a Hugging Face checkpoint"):
+    with pytest.raises(CheckpointError, match="not a Hugging Face checkpoint"):
         load(tmp_path)
+    with pytest.raises(CheckpointError, match="no such checkpoint directory"):
+        load(tmp_path / "nowhere")
+    model.save_pretrained(tmp_path / "weights-only")  # a checkpoint saved without its tokenizer
+    with pytest.raises(CheckpointError, match="has no tokenizer"):
+        load(tmp_path / "weights-only")
 
 
 def _batch():
@@ -171,6 +176,7 @@ def test_no_targets_means_zero_loss_and_zero_gradient(model):
 
 
 def test_relabelled_examples_rename_names_consistently_and_nothing_else(prepared_dir, tokenizer):
+    from envace.data.tokenizer import WORDS
     from envace.io import read_jsonl
     from envace.roles import MinimalTemplate
     from envace.train.data import SFTDataset
@@ -178,16 +184,19 @@ def test_relabelled_examples_rename_names_consistently_and_nothing_else(prepared
     episodes = list(read_jsonl(prepared_dir / "data/prepared/train.jsonl"))[:60]
     plain = SFTDataset(episodes, MinimalTemplate(), tokenizer, 0.0)
     renamed = SFTDataset(episodes, MinimalTemplate(), tokenizer, 0.0, relabel_rate=1.0)
-    names = {i for cls in renamed.classes for i in cls}
+    names = {n for cls in renamed.classes for n in cls}
     assert len(renamed.classes) >= 4 and len(names) > 50  # owners, account ids, file names, folder names, ids
     changed = 0
     for (a, ra), (b, rb) in zip(plain.examples, renamed.examples):
-        assert ra == rb and len(a) == len(b)
-        mapping = {}
-        for x, y in zip(a, b):
-            assert (x == y) if x not in names else mapping.setdefault(x, y) == y  # one name -> one name
-        assert len(set(mapping.values())) == len(mapping)  # and never two names -> one
-        assert all(any(x in c and y in c for c in renamed.classes) for x, y in mapping.items())  # within its class
+        words = lambda ids, roles, role: WORDS.findall(tokenizer.decode([i for i, r in zip(ids, roles) if r == role]))  # noqa: E731
+        for role in (0, 1, 2):  # context and each role's targets rename alike, word for word
+            wa, wb = words(a, ra, role), words(b, rb, role)
+            assert len(wa) == len(wb)
+            mapping = {}
+            for x, y in zip(wa, wb):
+                assert (x == y) if x not in names else mapping.setdefault(x, y) == y  # one name -> one name
+            assert len(set(mapping.values())) == len(mapping)  # and never two names -> one
+            assert all(any(x in c and y in c for c in renamed.classes) for x, y in mapping.items())  # within its class
         changed += a != b
     assert changed > len(plain.examples) // 2
 

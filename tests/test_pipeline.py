@@ -52,7 +52,7 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
     summary = envace_flow(project_dir=str(project))
 
     variants = ["train@sft", "train@real_env", "train@simulator", "train@envace"]
-    assert list(summary["stages"]) == ["collect", "prepare", "validate_data", "warmup", "rehearsal_gate", *variants,
+    assert list(summary["stages"]) == ["collect", "prepare", "validate_data", "base_model", "warmup", "rehearsal_gate", *variants,
                                        "evaluate", "register"]
     assert all(s["ran"] for s in summary["stages"].values())
     data = json.loads((project / "metrics/data.json").read_text())

@@ -80,21 +80,61 @@ def test_rehearse_sequence_trains_exactly_on_the_responses(tokenizer, episode):
     assert "<|facts|>" not in tokenizer.decode(encode(tokenizer, t.rehearse(task["tools"], task["request"], hidden))[0])
 
 
+def _chat_tokenizer(tokenizer, template=CHATML):
+    chat_tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    chat_tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    chat_tok.chat_template = template
+    return chat_tok
+
+
 def test_chat_template_is_used_when_the_tokenizer_has_one(tokenizer, episode):
     from envace.roles import template_for
 
-    chat_tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
-    chat_tok.chat_template = CHATML
+    chat_tok = _chat_tokenizer(tokenizer)
     tmpl = template_for(chat_tok)
-    assert isinstance(tmpl, ChatTemplate)
+    assert isinstance(tmpl, ChatTemplate) and tmpl.end == "<|im_end|>"
     task = episode["task"]
     ids, roles = encode(chat_tok, tmpl.act(task["tools"], task["request"], episode["messages"]))
     spans = _spans(chat_tok, ids, roles, ACT)
     assert len(spans) == sum(m["role"] == "act" for m in episode["messages"])
-    assert all(s.endswith("<|im_end|>\n") for s in spans)
-    assert isinstance(parse_act(spans[0], task["tools"], 5, end="<|im_end|>"), ActOutput)
+    # a target is the turn's content and the end-of-turn token: the newline after it is context
+    assert all(s.endswith("<|im_end|>") for s in spans)
+    acts = [m for m in episode["messages"] if m["role"] == "act"]
+    assert [parse_act(s, task["tools"], 5, end=tmpl.end) for s in spans] == [
+        ActOutput(calls=m["calls"]) if "calls" in m else ActOutput(answer=m["answer"]) for m in acts]
     prompt = chat_tok.decode(encode(chat_tok, tmpl.act_prompt(task["tools"], task["request"], []))[0])
     assert prompt.endswith("<|im_start|>assistant\n")
+    rendered = chat_tok.apply_chat_template(
+        [{"role": "system", "content": "x"}], tokenize=False)  # the segments rebuild the template's own render
+    assert rendered.startswith("<|im_start|>system")
+    full = "".join(s.text for s in tmpl.act(task["tools"], task["request"], episode["messages"]))
+    assert full.count("<|im_start|>assistant") == len(acts)
+
+
+def test_a_template_without_a_stop_token_or_that_rewrites_turns_is_a_clear_error(tokenizer):
+    from envace.roles import TemplateError, template_for
+
+    plain = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    plain.chat_template = CHATML  # its <|im_end|> is no token of this vocabulary
+    with pytest.raises(TemplateError, match="not a special token"):
+        template_for(plain)
+    # a template that renders only the last user turn (earlier turns vanish): not prefix-stable
+    last_only = ("{% for m in messages %}{% if loop.last or m['role'] != 'user' %}<|im_start|>{{ m['role'] }}\n"
+                 "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(TemplateError, match="not prefix-stable"):
+        template_for(_chat_tokenizer(tokenizer, last_only))
+
+
+def test_a_template_that_cannot_render_the_tools_is_a_clear_error(tokenizer):
+    from envace.roles import TemplateError, check_template
+
+    no_system = ("{% for m in messages %}{% if m['role'] != 'system' %}<|im_start|>{{ m['role'] }}\n"
+                 "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    check_template(_chat_tokenizer(tokenizer), TOOLS)  # ChatML: fine
+    with pytest.raises(TemplateError, match="cannot render the tools.*get_balance"):
+        check_template(_chat_tokenizer(tokenizer, no_system), TOOLS)
 
 
 TOOLS = [

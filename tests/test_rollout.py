@@ -51,10 +51,29 @@ def test_cache_keyword_follows_the_models_forward(tiny_model):
     assert cache_kwarg(tiny_model) in inspect.signature(tiny_model.forward).parameters
 
 
-def test_sampling_is_seeded(tiny_model):
-    g = lambda s: generate(tiny_model, [[5, 6, 7]] * 4, 5, -1, 0, 1.0, 0.9, torch.Generator().manual_seed(s))  # noqa: E731
-    assert g(1) == g(1)
-    assert g(1) != g(2)
+def test_sampling_is_seeded_per_row_whatever_shares_the_batch(tiny_model):
+    from envace.rollout.generate import mix64
+
+    g = lambda prompts, keys: generate(tiny_model, prompts, 5, -1, 0, 1.0, 0.9, [mix64(k) for k in keys])  # noqa: E731
+    assert g([[5, 6, 7]] * 4, [1, 2, 3, 4]) == g([[5, 6, 7]] * 4, [1, 2, 3, 4])
+    assert g([[5, 6, 7]], [1]) != g([[5, 6, 7]], [2])
+    # a row samples what its own stream says, alone or beside other rows (data-parallel ranks
+    # that split a batch sample exactly what one process would)
+    together = g([[5, 6, 7], [9, 10], [11, 12, 13, 14]], [7, 8, 9])
+    assert together == [g([[5, 6, 7]], [7])[0], g([[9, 10]], [8])[0], g([[11, 12, 13, 14]], [9])[0]]
+    with pytest.raises(ValueError, match="stream key per prompt"):
+        generate(tiny_model, [[5, 6]], 3, -1, 0, 1.0)
+
+
+def test_inverse_cdf_sampling_follows_the_distribution():
+    from envace.rollout.generate import sample_next, uniforms
+
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1]])).expand(20000, 3)
+    u = torch.from_numpy(uniforms(__import__("numpy").arange(20000, dtype="uint64") * 7919, 0))
+    counts = torch.bincount(sample_next(logits, 1.0, 1.0, u), minlength=3) / 20000
+    assert torch.allclose(counts, torch.tensor([0.6, 0.3, 0.1]), atol=0.015)
+    top = torch.bincount(sample_next(logits, 1.0, 0.7, u), minlength=3) / 20000  # top-p keeps 0.6 and 0.3
+    assert top[2] == 0 and torch.allclose(top[:2], torch.tensor([2 / 3, 1 / 3]), atol=0.015)
 
 
 class ScriptedPolicy(Policy):
@@ -64,7 +83,7 @@ class ScriptedPolicy(Policy):
         super().__init__(model=None, tokenizer=tokenizer)
         self.write = write
 
-    def generate(self, prompts, max_new_tokens, temperature, top_p, generator):
+    def generate(self, prompts, max_new_tokens, temperature, top_p, streams=None):
         outs = []
         for p in prompts:
             text = self.write(self.decode(p))

@@ -208,7 +208,7 @@ def test_challenger_becomes_champion_only_when_better(tmp_path, prepared_dir, mo
     model_dir = save(build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer),
                      tokenizer, tmp_path / "agent")
     tasks = [e["task"] for e in read_jsonl(prepared_dir / "data/prepared/test.jsonl")][:4]
-    rollout = {"max_turns": 2, "max_new_tokens": 16}
+    rollout = {"rollout": {"max_turns": 2, "max_new_tokens": 16}}
 
     first = register(model_dir, 0.0, tasks, rollout, "agent", {"data_version": "d1"})
     assert first.promoted and first.reason == "no champion yet"
@@ -241,7 +241,7 @@ def test_the_registered_agent_decodes_greedily_as_evaluate_does(tmp_path, prepar
     tokenizer = PreTrainedTokenizerFast.from_pretrained(prepared_dir / "data/prepared/tokenizer")
     model_dir = save(build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer),
                      tokenizer, tmp_path / "agent")
-    _, uri = log_agent(model_dir, {"max_turns": 2, "max_new_tokens": 8, "temperature": 1.0}, "agent", {})
+    _, uri = log_agent(model_dir, {"rollout": {"max_turns": 2, "max_new_tokens": 8, "temperature": 1.0}}, "agent", {})
     temperatures = []
     generate = Policy.generate
     monkeypatch.setattr(Policy, "generate", lambda self, prompts, n, temperature, *a: temperatures.append(temperature)

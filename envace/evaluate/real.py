@@ -11,9 +11,10 @@ from envace.rollout.runner import ACT, EpisodeRunner, RealResponder
 
 
 def real_success(policy, tasks: list[Task], cfg: RolloutConfig, temperature: float = 0.0,
-                 leak_ids: frozenset[int] = frozenset()) -> dict:
+                 leak_words: frozenset[str] = frozenset()) -> dict:
     """Success rate (with its 95% Wilson interval), per domain and task type, turns and ACT
-    tokens per task, failed steps, and the share of ACT outputs using a `leak_ids` token."""
+    tokens per task, the share of ACT outputs that parse (calls or an answer), failed steps,
+    and the share of ACT outputs using one of `leak_words`."""
     from envace.train.grpo import leaked
 
     episodes = EpisodeRunner(policy, RealResponder(), cfg, temperature=temperature).run(tasks)
@@ -24,14 +25,17 @@ def real_success(policy, tasks: list[Task], cfg: RolloutConfig, temperature: flo
     rates = success_rates((e.task.domain, e.task.task_type, e.success) for e in episodes)
     successes, n = sum(e.success for e in episodes), len(episodes)
     act_outputs = [g.output_ids for e in episodes for g in e.generations if g.role == ACT]
+    unparsed = sum(1 for e in episodes if (e.failure or "").startswith("act:"))  # each ends its episode
     ci_low, ci_high = wilson(successes, n)
     return {
         "success": rates["overall"], "ci_low": ci_low, "ci_high": ci_high, "n": n,
         "per_domain": rates["per_domain"],
         "per_task_type": rates["per_task_type"],
         "turns_per_task": round(len(act_outputs) / max(1, n), 3),
+        "act_parse_rate": round(1 - unparsed / max(1, len(act_outputs)), 4),
         "act_tokens_per_task": round(sum(map(len, act_outputs)) / max(1, n), 1),
-        "leak_rate": round(sum(leaked(ids, leak_ids) for ids in act_outputs) / max(1, len(act_outputs)), 4),
+        "leak_rate": round(sum(leaked(policy.decode(ids), leak_words) for ids in act_outputs)
+                           / max(1, len(act_outputs)), 4),
         "failed_steps": dict(sorted(failures.items())),
         "real_calls": sum(e.real_calls for e in episodes),
     }

@@ -3,7 +3,8 @@
 For every recorded call, REHEARSE predicts the response from the true history (greedy);
 we compare it with the real response: exact match after JSON canonicalisation, and
 field-level accuracy (share of leaf fields equal), per tool and overall, with or without
-the privileged scenario facts.
+the privileged scenario facts; and the share of predictions that parse (one JSON object
+closed by the stop token).
 """
 
 from __future__ import annotations
@@ -43,22 +44,24 @@ def rehearsal_accuracy(policy, episodes: list[dict], privileged: bool, max_new_t
             steps = [(c, f, r) for (c, r), f in zip(recorded[:k], shown)] + [(call, shown[k], None)]
             prompt = policy.encode(policy.template.rehearse(task["tools"], task["request"], steps, train=False))
             items.append((call["name"], prompt, real))
-    per_tool: dict[str, list[tuple[bool, float]]] = defaultdict(list)
+    per_tool: dict[str, list[tuple[bool, float, bool]]] = defaultdict(list)  # (exact, field, parsed)
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
         outputs = policy.generate([p for _, p, _ in chunk], max_new_tokens, 0.0, 1.0, None)
         for (tool, _, real), ids in zip(chunk, outputs):
-            predicted = parse_rehearse(policy.decode(ids), policy.template.end)
+            text = policy.decode(ids) if ids is not None else ""
+            predicted = parse_rehearse(text, policy.template.end) if ids and ids[-1] == policy.stop_id else Failure("", text)
             if isinstance(predicted, Failure):
-                per_tool[tool].append((False, 0.0))
+                per_tool[tool].append((False, 0.0, False))
             else:
-                per_tool[tool].append((canonical(predicted) == canonical(real), field_accuracy(predicted, real)))
+                per_tool[tool].append((canonical(predicted) == canonical(real), field_accuracy(predicted, real), True))
     everything = [x for results in per_tool.values() for x in results]
     mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else 0.0  # noqa: E731
     return {
-        "exact": mean([e for e, _ in everything]),
-        "field": mean([f for _, f in everything]),
+        "exact": mean([e for e, _, _ in everything]),
+        "field": mean([f for _, f, _ in everything]),
+        "parse_rate": mean([ok for _, _, ok in everything]),
         "n": len(everything),
-        "per_tool": {tool: {"exact": mean([e for e, _ in rs]), "field": mean([f for _, f in rs]), "n": len(rs)}
+        "per_tool": {tool: {"exact": mean([e for e, _, _ in rs]), "field": mean([f for _, f, _ in rs]), "n": len(rs)}
                      for tool, rs in sorted(per_tool.items())},
     }

@@ -3,46 +3,92 @@
 Every sequence in the batch is prefilled once, then decoded one token per step with the
 model's KV cache; a sequence that produced the stop token (or reached its budget) is done
 and the batch shrinks to the live rows, so long stragglers do not pay for finished ones.
+
+Randomness is per row, not per batch: row i's t-th token is drawn by inverse-CDF sampling
+with the uniform `uniforms(stream[i], t)`, a counter-based hash (splitmix64) of the row's
+stream key and t. So what a sequence samples depends only on its own stream key, never on
+which other sequences share its batch — data-parallel ranks that split the rollouts sample
+exactly what one process would, and rebatching changes nothing.
 """
 
 from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import torch
 
+_GOLDEN = 0x9E3779B97F4A7C15
+_MASK = (1 << 64) - 1
 
-def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator=None) -> torch.Tensor:
-    """logits [B, V] → token ids [B]; temperature 0 is greedy."""
+
+def mix64(*parts: int) -> int:
+    """A 64-bit key from integers (splitmix64 over each in turn): stream keys for episodes,
+    generations and draws. Deterministic across processes and machines."""
+    x = 0
+    for part in parts:
+        x = (x ^ (part & _MASK)) + _GOLDEN & _MASK
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+        x ^= x >> 31
+    return x
+
+
+def unit(*parts: int) -> float:
+    """A uniform number in [0, 1) determined by `parts`.
+
+    >>> unit(1, 2) == unit(1, 2) != unit(2, 1)
+    True
+    """
+    return (mix64(*parts) >> 11) * 2.0**-53
+
+
+def uniforms(streams: np.ndarray, t: int) -> np.ndarray:
+    """One uniform in [0, 1) per stream key for draw number t. streams: [L] uint64 → [L] float64."""
+    with np.errstate(over="ignore"):
+        x = (streams ^ np.uint64(t)) + np.uint64(_GOLDEN)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [B, V] → token ids [B]; temperature 0 is greedy, else `u` [B] (uniforms in
+    [0, 1)) picks each row's token by inverse CDF."""
     if temperature <= 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the most likely token
-        sorted_p = sorted_p * keep
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    if generator is not None and generator.device != probs.device:  # a CPU generator drives GPU sampling too
-        return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(probs.device)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+    cdf = probs.cumsum(-1)  # [B, V]
+    target = u.to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]  # [B, 1]
+    return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
 def cache_kwarg(model) -> str:
     """The forward keyword for the KV cache: `cache` since transformers 5.2x, `past_key_values`
-    before; a model that silently swallows the wrong one decodes every token without context."""
+    before; a model that silently swallows the wrong one decodes every token without context.
+    A PEFT wrapper takes **kwargs: its base model's forward decides."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 @torch.no_grad()
 def generate(
     model, prompts: list[list[int]], max_new_tokens: int, stop_id: int, pad_id: int,
-    temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None,
+    temperature: float = 0.0, top_p: float = 1.0, streams: list[int] | None = None,
 ) -> list[list[int]]:
-    """Continue each prompt; returns the new tokens of each (the stop token included if produced)."""
+    """Continue each prompt; returns the new tokens of each (the stop token included if produced).
+    Sampling (temperature > 0) needs one stream key per prompt (`mix64`)."""
     from transformers import DynamicCache
 
     if not prompts:
         return []
+    if temperature > 0 and (streams is None or len(streams) != len(prompts)):
+        raise ValueError("sampling needs one stream key per prompt")
     device = next(model.parameters()).device
     B, P = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((B, P), pad_id, dtype=torch.long)
@@ -51,6 +97,7 @@ def generate(
         ids[i, P - len(p):] = torch.tensor(p)
         mask[i, P - len(p):] = 1
     ids, mask = ids.to(device), mask.to(device)
+    keys = np.array(streams if temperature > 0 else [0] * B, dtype=np.uint64)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
     cache = DynamicCache(config=model.config)
     with_cache = {cache_kwarg(model): cache, "use_cache": True}
@@ -59,10 +106,11 @@ def generate(
     live = torch.arange(B, device=device)  # rows of the original batch still decoding
     next_pos = positions[:, -1:] + 1  # [B, 1]
     logits = out.logits[:, -1]  # [B, V]
-    for _ in range(max_new_tokens):
-        token = sample_next(logits, temperature, top_p, generator)  # [L]
-        for row, t in zip(live.tolist(), token.tolist()):
-            outputs[row].append(t)
+    for t in range(max_new_tokens):
+        u = torch.from_numpy(uniforms(keys[live.cpu().numpy()], t)) if temperature > 0 else None
+        token = sample_next(logits, temperature, top_p, u)  # [L]
+        for row, tok in zip(live.tolist(), token.tolist()):
+            outputs[row].append(tok)
         still = token != stop_id  # [L]
         if len(outputs[live[0].item()]) >= max_new_tokens or not still.any():
             break

@@ -10,23 +10,26 @@ enforced; a malformed generation or a broken cap is a failed step recorded in th
 Every episode keeps each generation with the role that produced it, from which the
 token-level ACT / REHEARSE masks are built, the source of each response, and counters:
 real-backend calls and generated tokens per role.
+
+Each episode has its own random stream (`Episode.stream`): its k-th generation samples with
+the key `mix64(stream, k)` and its privileged-fact dropouts draw from the same stream, so an
+episode plays out the same whichever episodes share its batch (or its data-parallel rank).
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from envace import judge
-from envace.config import RolloutConfig
+from envace.config import RolloutConfig, TrainerConfig
 from envace.data.episodes import answer_of, calls_of
 from envace.domains import get_domain
 from envace.domains.base import Task
-from envace.roles import ACT, REHEARSE, Failure, encode, parse_act, parse_rehearse, stop_token_id, template_for
-from envace.rollout.generate import generate
+from envace.roles import ACT, REHEARSE, Failure, encode, parse_act, parse_rehearse, template_for
+from envace.rollout.generate import generate, mix64, unit
 
 SIMULATOR = "simulator"
 
@@ -42,6 +45,7 @@ class Generation:
 class Episode:
     task: Task
     messages: list[dict]
+    stream: int = 0  # the episode's random stream key (`mix64`)
     generations: list[Generation] = field(default_factory=list)
     failure: str | None = None  # why the episode stopped early, if it did
     done: bool = False
@@ -73,12 +77,15 @@ class Episode:
 
 
 class Policy:
-    """A model and its tokenizer, generating text for either role."""
+    """A model and its tokenizer, generating text for either role within `max_len` tokens of
+    context (default: the model's `max_position_embeddings`), under autocast to `autocast`
+    (e.g. bf16 on a GPU) when given."""
 
-    def __init__(self, model, tokenizer):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model, tokenizer, max_len: int | None = None, autocast: torch.dtype | None = None):
+        self.model, self.tokenizer, self.autocast = model, tokenizer, autocast
+        self.max_len = max_len or (model.config.max_position_embeddings if model is not None else 1 << 30)
         self.template = template_for(tokenizer)
-        self.stop_id = stop_token_id(tokenizer)
+        self.stop_id = tokenizer.convert_tokens_to_ids(self.template.end)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_id
 
     def encode(self, segments) -> list[int]:
@@ -88,11 +95,34 @@ class Policy:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 generator: torch.Generator | None) -> list[list[int]]:
-        return generate(self.model, prompts, max_new_tokens, self.stop_id, self.pad_id, temperature, top_p, generator)
+                 streams: list[int] | None = None) -> list[list[int] | None]:
+        """New tokens per prompt; None for a prompt that leaves no room for `max_new_tokens`."""
+        fits = [i for i, p in enumerate(prompts) if len(p) + max_new_tokens <= self.max_len]
+        device = next(self.model.parameters()).device.type if fits else "cpu"
+        with torch.autocast(device, dtype=self.autocast, enabled=self.autocast is not None):
+            outs = generate(self.model, [prompts[i] for i in fits], max_new_tokens, self.stop_id, self.pad_id,
+                            temperature, top_p, [streams[i] for i in fits] if streams is not None else None)
+        result: list[list[int] | None] = [None] * len(prompts)
+        for i, out in zip(fits, outs):
+            result[i] = out
+        return result
 
 
-def _text(policy: Policy, ids: list[int], cap: int) -> str | Failure:
+def load_policy(path, trainer: TrainerConfig, max_seq_len: int = 0, base=None) -> Policy:
+    """A trained model (`base`: the checkpoint its LoRA adapters need) for inference on the
+    device and in the precision of `trainer`, within `max_seq_len` tokens (0: the model's)."""
+    from envace.model import autocast_dtype, device_of, load, precision_of, weights_dtype
+
+    precision = precision_of(trainer)
+    model, tokenizer = load(path, dtype=weights_dtype(precision), base=base)
+    model = model.to(device_of(trainer)).eval()
+    limit = model.config.max_position_embeddings
+    return Policy(model, tokenizer, min(max_seq_len, limit) if max_seq_len else limit, autocast_dtype(precision))
+
+
+def _text(policy: Policy, ids: list[int] | None, cap: int) -> str | Failure:
+    if ids is None:
+        return Failure("context_limit", "")
     if not ids or ids[-1] != policy.stop_id:
         return Failure("truncated" if len(ids) >= cap else "no_stop_token", policy.decode(ids))
     return policy.decode(ids)
@@ -128,41 +158,42 @@ class RealResponder:
 class ModelResponder:
     """A model in the REHEARSE role: the policy itself (`rehearsed`) or a frozen simulator."""
 
+    DROPOUT = 1  # salt: the privileged-fact dropout draws of an episode's stream
+
     def __init__(self, policy: Policy, cfg: RolloutConfig, source: str = "rehearsed", temperature: float | None = None,
-                 privileged: bool = True, privileged_dropout: float = 0.0, seed: int = 0):
+                 privileged: bool = True, privileged_dropout: float = 0.0):
         self.policy, self.cfg, self.source = policy, cfg, source
         self.temperature = cfg.temperature if temperature is None else temperature
         self.privileged, self.dropout = privileged, privileged_dropout
-        self.reseed(seed)
-
-    def reseed(self, seed: int) -> None:
-        self.rng = random.Random(seed)
-        self.generator = torch.Generator().manual_seed(seed)
 
     def start(self, episodes: list[Episode]) -> None:
         # privileged facts are read from the task's scenario; no call is ever executed
         self.fact_sources = {id(e): get_domain(e.task.domain).backend(e.task.scenario) for e in episodes}
         self.steps: dict[int, list[tuple]] = {id(e): [] for e in episodes}  # (call, facts shown, response)
+        self.asked: dict[int, int] = {id(e): 0 for e in episodes}  # calls rehearsed so far
 
     def facts(self, episode: Episode, call: dict) -> dict | None:
-        if not self.privileged or self.rng.random() < self.dropout:
+        self.asked[id(episode)] += 1
+        if not self.privileged or unit(episode.stream, self.DROPOUT, self.asked[id(episode)]) < self.dropout:
             return None
         return self.fact_sources[id(episode)].facts(call)
 
     def respond(self, requests):
-        prompts, shown = [], []
+        prompts, shown, streams = [], [], []
         for episode, call in requests:
             shown.append(self.facts(episode, call))
             steps = self.steps[id(episode)] + [(call, shown[-1], None)]
             prompts.append(self.policy.encode(self.policy.template.rehearse(
                 episode.task.tools, episode.task.request, steps, train=False)))
-        outputs = self.policy.generate(prompts, self.cfg.max_new_tokens, self.temperature, self.cfg.top_p, self.generator)
+            pending = sum(e is episode for e, _ in requests[: len(prompts) - 1])  # its earlier calls this turn
+            streams.append(mix64(episode.stream, len(episode.generations) + pending))
+        outputs = self.policy.generate(prompts, self.cfg.max_new_tokens, self.temperature, self.cfg.top_p, streams)
         role = REHEARSE if self.source == "rehearsed" else SIMULATOR
         responses = []
         for (episode, call), prompt, ids, facts in zip(requests, prompts, outputs, shown):
-            episode.generations.append(Generation(role, prompt, ids))
-            episode.tokens[role] += len(ids)
             text = _text(self.policy, ids, self.cfg.max_new_tokens)
+            episode.generations.append(Generation(role, prompt, ids or []))
+            episode.tokens[role] += len(ids or [])
             response = text if isinstance(text, Failure) else parse_rehearse(text, self.policy.template.end)
             if not isinstance(response, Failure):
                 self.steps[id(episode)].append((call, facts, response))
@@ -175,23 +206,20 @@ class EpisodeRunner:
                  seed: int = 0):
         self.policy, self.responder, self.cfg = policy, responder, cfg
         self.temperature = cfg.temperature if temperature is None else temperature
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
 
-    def reseed(self, seed: int) -> None:
-        """Restart the sampling streams (the responder's too): a run resumed at a step
-        samples exactly what an uninterrupted one would."""
-        self.generator = torch.Generator().manual_seed(seed)
-        if hasattr(self.responder, "reseed"):
-            self.responder.reseed(seed + 1)
-
-    def run(self, tasks: list[Task]) -> list[Episode]:
+    def run(self, tasks: list[Task], streams: list[int] | None = None) -> list[Episode]:
+        """Play one episode per task; `streams` are their random stream keys (default: the
+        runner's seed and each task's position)."""
+        streams = streams if streams is not None else [mix64(self.seed, i) for i in range(len(tasks))]
         episodes = []
         for start in range(0, len(tasks), self.cfg.batch_size):
-            episodes += self._run_batch(tasks[start : start + self.cfg.batch_size])
+            end = start + self.cfg.batch_size
+            episodes += self._run_batch(tasks[start:end], streams[start:end])
         return episodes
 
-    def _run_batch(self, tasks: list[Task]) -> list[Episode]:
-        episodes = [Episode(t, [{"role": "user", "content": t.request}]) for t in tasks]
+    def _run_batch(self, tasks: list[Task], streams: list[int]) -> list[Episode]:
+        episodes = [Episode(t, [{"role": "user", "content": t.request}], k) for t, k in zip(tasks, streams)]
         self.responder.start(episodes)
         for _ in range(self.cfg.max_turns):
             live = [e for e in episodes if not e.done]
@@ -218,12 +246,13 @@ class EpisodeRunner:
         """One ACT turn for every live episode; returns those that made calls."""
         tmpl = self.policy.template
         prompts = [self.policy.encode(tmpl.act_prompt(e.task.tools, e.task.request, e.messages)) for e in live]
-        outputs = self.policy.generate(prompts, self.cfg.max_new_tokens, self.temperature, self.cfg.top_p, self.generator)
+        streams = [mix64(e.stream, len(e.generations)) for e in live]
+        outputs = self.policy.generate(prompts, self.cfg.max_new_tokens, self.temperature, self.cfg.top_p, streams)
         calling = []
         for episode, prompt, ids in zip(live, prompts, outputs):
-            episode.generations.append(Generation(ACT, prompt, ids))
-            episode.tokens[ACT] += len(ids)
             text = _text(self.policy, ids, self.cfg.max_new_tokens)
+            episode.generations.append(Generation(ACT, prompt, ids or []))
+            episode.tokens[ACT] += len(ids or [])
             out = text if isinstance(text, Failure) else parse_act(text, episode.task.tools, self.cfg.max_calls_per_turn, tmpl.end)
             if isinstance(out, Failure):
                 episode.fail(f"act:{out.reason}")

@@ -32,16 +32,16 @@ def run(params: Params) -> dict[str, Path]:
 
     from envace.domains.base import Task
     from envace.stages.warmup import spread
-    from envace.train.grpo import VARIANTS, leak_ids_of
+    from envace.train.grpo import VARIANTS, leak_words_of
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    missing = [v for v in VARIANTS if not (TRAIN_MODELS / v / "config.json").exists()]
+    missing = [v for v in VARIANTS if not any((TRAIN_MODELS / v / f).exists() for f in ("config.json", "adapter_config.json"))]
     if missing:
         raise StageFailed(f"no trained model for variant(s) {', '.join(missing)} under {TRAIN_MODELS}: "
                           f"run `python -m envace.stages.train --variant <name>` (or `dvc repro train`) first")
     test = spread(list(read_jsonl(PREPARED / "test.jsonl")), params.evaluate.tasks)
     tasks = [Task.from_dict(e["task"]) for e in test]
-    leak = frozenset(leak_ids_of(_tokenizer(), list(read_jsonl(PREPARED / "train.jsonl"))).tolist())
+    leak = frozenset(leak_words_of(list(read_jsonl(PREPARED / "train.jsonl"))))
     results = {}
     for variant in VARIANTS:
         results[variant] = evaluate_variant(variant, params, test, tasks, leak)
@@ -55,21 +55,13 @@ def run(params: Params) -> dict[str, Path]:
     return {"metrics": METRICS, "report": REPORT}
 
 
-def _tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(TRAIN_MODELS / "sft")
-
-
-def evaluate_variant(variant: str, params: Params, test: list[dict], tasks: list, leak: frozenset[int]) -> dict:
+def evaluate_variant(variant: str, params: Params, test: list[dict], tasks: list, leak: frozenset[str]) -> dict:
     from envace.evaluate.real import real_success
     from envace.evaluate.rehearsal import rehearsal_accuracy
-    from envace.model import load
-    from envace.rollout.runner import Policy
+    from envace.rollout.runner import load_policy
 
-    model, tokenizer = load(TRAIN_MODELS / variant)
-    policy = Policy(model.eval(), tokenizer)
-    out = real_success(policy, tasks, params.rollout, leak_ids=leak)
+    policy = load_policy(TRAIN_MODELS / variant, params.trainer, params.model.max_seq_len)
+    out = real_success(policy, tasks, params.rollout, leak_words=leak)
     trained = json.loads((TRAIN_METRICS / f"{variant}.json").read_text())
     out["real_env_calls_train"] = trained["real_env_calls_train"]
     out["train_steps"] = trained["steps"]

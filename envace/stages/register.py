@@ -38,7 +38,7 @@ def run(params: Params) -> dict[str, Path]:
 
     cfg = params.registry
     model_dir = TRAIN_MODELS / cfg.variant
-    if not (model_dir / "config.json").exists():
+    if not any((model_dir / f).exists() for f in ("config.json", "adapter_config.json")):
         raise StageFailed(f"no trained model in {model_dir}: run the train stage first (`dvc repro train`)")
     if not EVAL_METRICS.exists():
         raise StageFailed(f"{EVAL_METRICS} is missing: run the evaluate stage first")
@@ -46,8 +46,9 @@ def run(params: Params) -> dict[str, Path]:
     if evaluated is None:
         raise StageFailed(f"{EVAL_METRICS} holds no result for variant {cfg.variant!r}")
     tasks = [e["task"] for e in spread(list(read_jsonl(PREPARED / "test.jsonl")), params.evaluate.tasks)]
-    result = registry.register(model_dir, evaluated["success"], tasks, params.rollout.model_dump(), cfg.model_name,
-                               version_tags(params))
+    config = {"rollout": params.rollout.model_dump(), "trainer": params.trainer.model_dump(),
+              "max_seq_len": params.model.max_seq_len}
+    result = registry.register(model_dir, evaluated["success"], tasks, config, cfg.model_name, version_tags(params))
     write_json(METRICS, result.to_dict())
     write_text(REPORT, report(result))
     print(f"register: {cfg.model_name} v{result.version} is challenger; "

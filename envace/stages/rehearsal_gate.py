@@ -18,7 +18,7 @@ from envace.gates import describe_failures, run_checks
 from envace.io import read_jsonl, write_json, write_text
 from envace.stages import StageFailed
 from envace.stages.prepare import PREPARED
-from envace.stages.warmup import MODEL_DIR
+from envace.stages.warmup import MODEL_DIR, spread
 
 METRICS = Path("metrics/rehearsal.json")
 REPORT = Path("reports/rehearsal_gate.md")
@@ -28,14 +28,11 @@ def run(params: Params) -> dict[str, Path]:
     """Measure rehearsal accuracy on held-out real responses and apply the gate."""
     from envace.evaluate.rehearsal import rehearsal_accuracy
     from envace.gates.rehearsal import checks, tool_table
-    from envace.model import load
-    from envace.rollout.runner import Policy
+    from envace.rollout.runner import load_policy
 
     cfg = params.gate
-    model, tokenizer = load(MODEL_DIR)
-    model.eval()
-    policy = Policy(model, tokenizer)
-    test = list(read_jsonl(PREPARED / "test.jsonl"))
+    policy = load_policy(MODEL_DIR, params.trainer, params.model.max_seq_len)
+    test = spread(list(read_jsonl(PREPARED / "test.jsonl")), cfg.episodes)
     cap = params.rollout.max_new_tokens
     shown = rehearsal_accuracy(policy, test, privileged=True, max_new_tokens=cap)
     hidden = rehearsal_accuracy(policy, test, privileged=False, max_new_tokens=cap)

@@ -38,20 +38,21 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     import torch
 
     from envace.domains.base import Task
-    from envace.model import load, save
+    from envace.model import autocast_dtype, load, max_len, precision_of, save, weights_dtype
     from envace.rollout.runner import Policy
     from envace.tracking import lightning_logger
-    from envace.train.grpo import VARIANTS, GRPOModule, leak_ids_of
+    from envace.train import trainer_options
+    from envace.train.grpo import VARIANTS, GRPOModule, leak_words_of
 
     if variant not in VARIANTS:
         raise StageFailed(f"unknown variant {variant!r}: expected one of {', '.join(VARIANTS)}")
-    if not (WARMUP_DIR / "config.json").exists():
+    if not any((WARMUP_DIR / f).exists() for f in ("config.json", "adapter_config.json")):
         raise StageFailed(f"{WARMUP_DIR} holds no model: run the warmup stage first")
     cfg = params.train
     L.seed_everything(cfg.seed, verbose=False)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    model, tokenizer = load(WARMUP_DIR)
-    policy = Policy(model, tokenizer)
+    precision = precision_of(params.trainer)
+    model, tokenizer = load(WARMUP_DIR, dtype=weights_dtype(precision), trainable=True)
+    policy = Policy(model, tokenizer, max_len(params.model, model), autocast_dtype(precision))
     out_dir, metrics_path = MODELS / variant, METRICS / f"{variant}.json"
     start = time.perf_counter()
     if variant == "sft":
@@ -61,22 +62,32 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
 
     episodes = list(read_jsonl(PREPARED / "train.jsonl"))
     tasks = [Task.from_dict(e["task"]) for e in episodes]
-    leak = leak_ids_of(tokenizer, episodes)
-    simulator = Policy(load(WARMUP_DIR)[0].eval(), tokenizer) if variant == "simulator" else None
-    module = GRPOModule(policy, tasks, variant, cfg, params.rollout, params.roles, leak, simulator=simulator)
+    simulator = None
+    if variant == "simulator":
+        frozen = load(WARMUP_DIR, dtype=weights_dtype(precision))[0].eval().requires_grad_(False)
+        simulator = Policy(frozen, tokenizer, policy.max_len, policy.autocast)
+    module = GRPOModule(policy, tasks, variant, cfg, params.rollout, params.roles, leak_words_of(episodes),
+                        simulator=simulator)
     ckpt_dir = CHECKPOINTS / variant
-    resume = resumable(ckpt_dir, fingerprint(params))
-    trainer = L.Trainer(max_steps=cfg.steps * cfg.ppo_epochs, accelerator="auto", logger=lightning_logger(f"train-{variant}"),
-                        callbacks=[last_checkpoint(ckpt_dir / "last.ckpt")], enable_checkpointing=False,
-                        log_every_n_steps=1, enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False)
+    trainer = L.Trainer(max_steps=cfg.steps * cfg.ppo_epochs, **trainer_options(params.trainer),
+                        logger=lightning_logger(f"train-{variant}"), callbacks=[last_checkpoint(ckpt_dir / "last.ckpt")],
+                        enable_checkpointing=False, log_every_n_steps=1, enable_progress_bar=sys.stderr.isatty(),
+                        enable_model_summary=False)
+    resume = resumable(ckpt_dir, fingerprint(params), prepare=trainer.is_global_zero)
     trainer.fit(module, torch.utils.data.DataLoader(range(cfg.steps), batch_size=1), ckpt_path=resume)
+    if not trainer.is_global_zero:  # the other ranks' work ends with training; rank 0 writes
+        return {}
+    if module.rank_divergence:
+        raise StageFailed(f"the {trainer.world_size} data-parallel ranks ended with different weights "
+                          f"(checksums differ by {module.rank_divergence:.3g})")
     if variant == "envace" and module.real_calls:
         raise StageFailed(f"envace made {module.real_calls} real-backend calls in training; it must make none")
     model.eval()
     save(model, tokenizer, out_dir)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     write_json(metrics_path, {"variant": variant, "steps": cfg.steps, "real_env_calls_train": module.real_calls,
-                              "wall_s": round(time.perf_counter() - start, 1), "history": module.history})
+                              "wall_s": round(time.perf_counter() - start, 1), "ranks": trainer.world_size,
+                              "rank_divergence": module.rank_divergence, "history": module.history})
     last = module.history[-1] if module.history else {}
     print(f"train[{variant}]: {cfg.steps} steps in {time.perf_counter() - start:.0f}s; last reward "
           f"{last.get('reward', 0):.3f}, real-backend calls {module.real_calls}", flush=True)
@@ -91,36 +102,39 @@ def last_checkpoint(path: Path):
     class _LastCheckpoint(L.Callback):
         def on_train_batch_end(self, trainer, *args):
             part = path.with_suffix(".part")
-            trainer.save_checkpoint(part, weights_only=False)  # the whole state: resume needs the optimizer
-            os.replace(part, path)
+            trainer.save_checkpoint(part, weights_only=False)  # every rank (a barrier); rank 0 writes
+            if trainer.is_global_zero:  # the whole state: resume needs the optimizer
+                os.replace(part, path)
 
     return _LastCheckpoint()
 
 
 def fingerprint(params: Params) -> str:
     """What a checkpoint is valid for: the params the stage reads and the warmup model."""
-    weights = hashlib.md5((WARMUP_DIR / "model.safetensors").read_bytes()).hexdigest()
+    weights = hashlib.md5(b"".join(f.read_bytes() for f in sorted(WARMUP_DIR.glob("*.safetensors")))).hexdigest()
     dumped = params.model_dump()
-    used = {k: dumped[k] for k in ("train", "rollout", "roles")}
+    used = {k: dumped[k] for k in ("train", "rollout", "roles", "model", "trainer")}
     return hashlib.md5(json.dumps([used, weights], sort_keys=True).encode()).hexdigest()
 
 
-def resumable(ckpt_dir: Path, stamp: str) -> Path | None:
-    """The last checkpoint of an interrupted run with the same fingerprint, else None (and
-    the directory is made ready for this run's checkpoints)."""
+def resumable(ckpt_dir: Path, stamp: str, prepare: bool = True) -> Path | None:
+    """The last checkpoint of an interrupted run with the same fingerprint, else None (and,
+    with `prepare` — rank 0 — the directory is made ready for this run's checkpoints)."""
     last, stamp_file = ckpt_dir / "last.ckpt", ckpt_dir / "fingerprint"
     if last.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
         import torch
 
         steps = len(torch.load(last, map_location="cpu", weights_only=False)["grpo"]["history"])
-        print(f"train[{ckpt_dir.name}]: resuming from checkpoint {last} after {steps} step(s)", flush=True)
+        if prepare:
+            print(f"train[{ckpt_dir.name}]: resuming from checkpoint {last} after {steps} step(s)", flush=True)
         return last
-    if last.exists():
-        print(f"train[{ckpt_dir.name}]: checkpoint {last} is from other params or another warmup model; "
-              "starting over", flush=True)
-    shutil.rmtree(ckpt_dir, ignore_errors=True)
-    ckpt_dir.mkdir(parents=True)
-    stamp_file.write_text(stamp)
+    if prepare:
+        if last.exists():
+            print(f"train[{ckpt_dir.name}]: checkpoint {last} is from other params or another warmup model; "
+                  "starting over", flush=True)
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        ckpt_dir.mkdir(parents=True)
+        stamp_file.write_text(stamp)
     return None
 
 

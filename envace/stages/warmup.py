@@ -6,7 +6,11 @@ cheap: that is the curve), and from `warmup.min_epochs` on, when the spread pass
 whole validation split: it stops once every core tool reaches `gate.min_rehearsal_accuracy`
 there. Then ACT plays held-out test tasks greedily in the real backends.
 
-Writes `models/warmup/` (safetensors + tokenizer), `metrics/warmup.json`
+Starts from `models/base` (stage `base_model`); with `model.lora.rank` > 0 only LoRA
+adapters train. Runs where `trainer` says (devices, DDP/FSDP, precision): `warmup.batch_size`
+is the global batch, split across ranks (`train.data.collate`), and only rank 0 writes.
+
+Writes `models/warmup/` (safetensors + tokenizer; adapters for LoRA), `metrics/warmup.json`
 ({"epochs", "wall_s", "real_success", ...}), training curves as DVC plots
 (`plots/warmup_steps.csv`, `plots/warmup_epochs.csv`) and Lightning checkpoints in
 `checkpoints/warmup/`. Curves go to MLflow (the flow's stage run when the flow runs it).
@@ -14,7 +18,6 @@ Writes `models/warmup/` (safetensors + tokenizer), `metrics/warmup.json`
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import time
@@ -22,7 +25,8 @@ from pathlib import Path
 
 from envace.config import Params
 from envace.io import read_jsonl, write_csv, write_json
-from envace.stages.prepare import PREPARED, TOKENIZER
+from envace.stages import StageFailed
+from envace.stages.prepare import PREPARED
 
 MODEL_DIR = Path("models/warmup")
 METRICS = Path("metrics/warmup.json")
@@ -40,35 +44,50 @@ def run(params: Params) -> dict[str, Path]:
     from envace.evaluate.real import real_success
     from envace.evaluate.rehearsal import rehearsal_accuracy
     from envace.gates.rehearsal import core_tools
-    from envace.model import policy_for, save
+    from envace.model import autocast_dtype, load, max_len, precision_of, save, weights_dtype, with_lora
     from envace.rollout.runner import Policy
-    from envace.train.data import SFTDataset, collate, length_batches
+    from envace.stages.base_model import MODEL_DIR as BASE_DIR
     from envace.tracking import lightning_logger
+    from envace.train import trainer_options
+    from envace.train.data import SFTDataset, collate, length_batches
     from envace.train.warmup import StepCurve, WarmupModule
 
     cfg, gate = params.warmup, params.gate
+    if not (BASE_DIR / "config.json").exists():
+        raise StageFailed(f"{BASE_DIR} holds no model: run the base_model stage first")
+    if cfg.batch_size < params.trainer.devices:
+        raise StageFailed(f"warmup.batch_size {cfg.batch_size} is the global batch: it must be at least "
+                          f"trainer.devices ({params.trainer.devices})")
     L.seed_everything(cfg.seed, verbose=False)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    model, tokenizer = policy_for(params.model, TOKENIZER)
-    policy = Policy(model, tokenizer)
-    train = list(read_jsonl(PREPARED / "train.jsonl"))
+    precision = precision_of(params.trainer)
+    model, tokenizer = load(BASE_DIR, dtype=weights_dtype(precision))
+    model = with_lora(model, params.model.lora)
+    policy = Policy(model, tokenizer, max_len(params.model, model), autocast_dtype(precision))
+    train = spread(list(read_jsonl(PREPARED / "train.jsonl")), cfg.train_episodes)
     val = list(read_jsonl(PREPARED / "val.jsonl"))
     check = spread(val, cfg.check_episodes)
     test_tasks = spread([Task.from_dict(e["task"]) for e in read_jsonl(PREPARED / "test.jsonl")], cfg.eval_tasks)
 
     dataset = SFTDataset(train, policy.template, tokenizer, params.roles.privileged_dropout, cfg.seed,
-                         max_repeat=cfg.rare_tool_repeat, relabel_rate=cfg.relabel_rate, probe_rate=cfg.probe_rate)
+                         max_len=policy.max_len, max_repeat=cfg.rare_tool_repeat, relabel_rate=cfg.relabel_rate,
+                         probe_rate=cfg.probe_rate)
     rng = random.Random(cfg.seed)
+    trainer_box: list = []  # the Trainer, once made: ranks are known only inside fit
 
-    class LengthBatches(torch.utils.data.Sampler):
+    class GlobalBatches(torch.utils.data.Sampler):
+        """Global batches of similar length; every rank iterates all of them and `collate`
+        keeps its share."""
+
         def __iter__(self):
             return iter(length_batches([len(x) for x, _ in dataset.examples], cfg.batch_size, rng))
 
         def __len__(self):
             return -(-len(dataset) // cfg.batch_size)
 
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=LengthBatches(),
-                                         collate_fn=lambda b: collate(b, policy.pad_id))
+    def collate_share(batch):
+        return collate(batch, policy.pad_id, trainer_box[0].global_rank, trainer_box[0].world_size)
+
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=GlobalBatches(), collate_fn=collate_share)
     module = WarmupModule(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, len(loader) * cfg.max_epochs, cfg.lambda_env,
                           cfg.min_lr_ratio)
     epochs: list[dict] = []
@@ -81,9 +100,31 @@ def run(params: Params) -> dict[str, Path]:
         core = core_tools(acc["per_tool"], min_examples)
         return acc, core, bool(core) and min(core.values()) >= gate.min_rehearsal_accuracy
 
+    def skills() -> tuple[dict, dict]:
+        """What the roles can do now: parse rates, rehearsal exact (per tool) on the check spread,
+        ACT's greedy success in the real backends — before training and after it. → (summary,
+        the full real-backend result)."""
+        model.eval()
+        acc = rehearsal_accuracy(policy, check, privileged=True, max_new_tokens=params.rollout.max_new_tokens)
+        real = real_success(policy, test_tasks, params.rollout)
+        model.train()
+        return {"real_success": real["success"], "act_parse_rate": real["act_parse_rate"],
+                "rehearsal_exact": acc["exact"], "rehearsal_parse_rate": acc["parse_rate"],
+                "rehearsal_exact_per_tool": {t: r["exact"] for t, r in acc["per_tool"].items()}}, real
+
+    before: dict = {}
+
+    class Before(L.Callback):
+        """The untrained start, measured on the devices training runs on (every rank alike)."""
+
+        def on_train_start(self, trainer, pl_module):
+            if trainer.global_step == 0:  # not when resuming
+                before.update(skills()[0])
+
     class GateWatch(L.Callback):
         """After each epoch: rehearsal accuracy on an even spread of val (the curve). From
-        `min_epochs` on, when that spread passes, confirm on all of val and stop if it passes."""
+        `min_epochs` on, when that spread passes, confirm on all of val and stop if it passes.
+        Every rank measures the same (identical weights, greedy), so all stop together."""
 
         def on_train_epoch_end(self, trainer, pl_module):
             epoch = trainer.current_epoch + 1
@@ -98,31 +139,42 @@ def run(params: Params) -> dict[str, Path]:
                            "seconds": round(time.perf_counter() - start, 1)})
             pl_module.log_dict({"val/rehearsal_exact": acc["exact"], "val/min_core_tool": epochs[-1]["val_min_core_tool"]})
             weakest = min(core, key=core.get, default="-")
-            print(f"epoch {epoch} ({time.perf_counter() - start:.0f}s): val rehearsal exact {acc['exact']:.3f}, weakest "
-                  f"tool {weakest} {core.get(weakest, 0.0):.3f}{' — gate passes on all of val, stopping' if confirmed else ''}",
-                  flush=True)
+            if trainer.is_global_zero:
+                print(f"epoch {epoch} ({time.perf_counter() - start:.0f}s): val rehearsal exact {acc['exact']:.3f}, "
+                      f"weakest tool {weakest} {core.get(weakest, 0.0):.3f}"
+                      f"{' — gate passes on all of val, stopping' if confirmed else ''}", flush=True)
             trainer.should_stop = confirmed
             dataset.resample(epoch)  # redraw the privileged dropout
 
     trainer = L.Trainer(
-        max_epochs=cfg.max_epochs, accelerator="auto", precision="bf16-mixed" if torch.cuda.is_available() else "32-true",
-        logger=lightning_logger("warmup"), callbacks=[GateWatch(), StepCurve(STEP_PLOT), L.pytorch.callbacks.ModelCheckpoint(
+        max_epochs=cfg.max_epochs, **trainer_options(params.trainer),
+        logger=lightning_logger("warmup"), callbacks=[Before(), GateWatch(), StepCurve(STEP_PLOT), L.pytorch.callbacks.ModelCheckpoint(
             dirpath=CHECKPOINTS, save_last=True, save_top_k=0)],
         reload_dataloaders_every_n_epochs=1, log_every_n_steps=10, num_sanity_val_steps=0,
         gradient_clip_val=cfg.grad_clip, enable_progress_bar=sys.stderr.isatty(),  # piped (the flow): epoch lines only
     )
+    trainer_box.append(trainer)
+    model.train()
     trainer.fit(module, loader)
+    if not trainer.is_global_zero:  # the other ranks' work ends with training; rank 0 writes
+        return {}
+    if module.rank_divergence:
+        raise StageFailed(f"the {trainer.world_size} data-parallel ranks ended with different weights "
+                          f"(checksums differ by {module.rank_divergence:.3g})")
     wall = time.perf_counter() - start
     model.eval()
     save(model, tokenizer, MODEL_DIR)
-    real = real_success(policy, test_tasks, params.rollout)
+    after, real = skills()
     write_csv(EPOCH_PLOT, epochs)
     write_json(METRICS, {
         "epochs": len(epochs), "wall_s": round(wall, 1), "real_success": real["success"], "real": real,
         "per_epoch": epochs, "stopped_by": "gate" if len(epochs) < cfg.max_epochs else "max_epochs",
+        "ranks": trainer.world_size, "train_episodes": len(train), "before": before, "after": after,
     })
-    print(f"warmup: {len(epochs)} epoch(s) in {wall:.0f}s; ACT greedy real success {real['success']:.3f} "
-          f"on {real['n']} held-out tasks", flush=True)
+    print(f"warmup: {len(epochs)} epoch(s) in {wall:.0f}s; ACT greedy real success {before.get('real_success', 0):.3f}"
+          f" -> {real['success']:.3f} on {real['n']} held-out tasks; ACT outputs parsed "
+          f"{before.get('act_parse_rate', 0):.2f} -> {after['act_parse_rate']:.2f}, rehearsals parsed "
+          f"{before.get('rehearsal_parse_rate', 0):.2f} -> {after['rehearsal_parse_rate']:.2f}", flush=True)
     return {"model": MODEL_DIR, "metrics": METRICS, "plots": EPOCH_PLOT}
 
 

@@ -7,7 +7,10 @@ redrawn each epoch. Episodes that call a rare tool appear more than once per epo
 `repeats`): the gate holds every core tool to the same bar, and a tool the demonstrator
 seldom calls would otherwise give both roles too few examples to learn it. A share of the
 examples is `relabel`led each epoch (names renamed consistently): a tiny model otherwise
-memorises which names are frequent instead of copying the ones in front of it. Domains
+memorises which names are frequent instead of copying the ones in front of it. Renaming
+works on the rendered text, whole words at a time, before tokenization — so it is the same
+for our word-level tokenizer (a name is one token) and for a checkpoint's BPE (where `Alice`
+and ` Alice` are different tokens and a name may span several). Domains
 may offer read-only `probes`: calls made on the scenario's real backend during warmup, for
 a tool whose outputs the demonstrator's episodes hold too few of (`probe_rate`).
 """
@@ -21,7 +24,8 @@ from collections import Counter
 import torch
 
 from envace.domains import get_domain
-from envace.roles import encode
+from envace.data.tokenizer import WORDS
+from envace.roles import Segment, encode
 
 
 def recorded_calls(episode: dict) -> list[tuple[dict, dict]]:
@@ -59,22 +63,24 @@ def repeats(episodes: list[dict], max_repeat: int) -> list[int]:
             for names in calls]
 
 
-def relabel_classes(tokenizer, domains) -> list[list[int]]:
-    """Token ids of each interchangeable class of names (those that are one token)."""
-    vocab = tokenizer.get_vocab()
-    return [ids for d in domains for names in d.interchangeable if len(ids := [vocab[n] for n in names if n in vocab]) > 1]
+def relabel_classes(domains) -> list[list[str]]:
+    """The interchangeable classes of names of each domain, in the domains' given order."""
+    return [list(names) for d in domains for names in d.interchangeable if len(names) > 1]
 
 
-def relabel(ids: list[int], classes: list[list[int]], rng: random.Random) -> list[int]:
-    """Rename every name consistently: a random permutation within each class.
+def relabel(segments: list[Segment], classes: list[list[str]], rng: random.Random) -> list[Segment]:
+    """Rename every name consistently: a random permutation within each class, applied to
+    whole words of the text (a JSON key or a longer word containing a name is left alone).
 
-    >>> relabel([5, 1, 5, 2, 9], [[1, 2, 3]], random.Random(0))
-    [5, 2, 5, 3, 9]
+    >>> relabel([Segment("Send 5 from Ann to Bo"), Segment('"to":"Ann"', "act")], [["Ann", "Bo", "Cy"]],
+    ...         random.Random(0))
+    [Segment(text='Send 5 from Bo to Cy', role=None), Segment(text='"to":"Bo"', role='act')]
     """
     mapping = {}
     for cls in classes:
         mapping.update(zip(cls, rng.sample(cls, len(cls))))
-    return [mapping.get(i, i) for i in ids]
+    rename = lambda m: mapping.get(m.group(0), m.group(0))  # noqa: E731
+    return [Segment(WORDS.sub(rename, seg.text), seg.role) for seg in segments]
 
 
 def probe_calls(task: dict, rng: random.Random) -> list[tuple[dict, dict]]:
@@ -86,18 +92,18 @@ def probe_calls(task: dict, rng: random.Random) -> list[tuple[dict, dict]]:
     return [(c, backend.execute(c, offered)) for c in probes(task["scenario"], rng)]
 
 
-def episode_examples(episode: dict, template, tokenizer, rng: random.Random, privileged_dropout: float,
-                     probe_rate: float = 0.0):
-    """[(ids, roles)] for one episode: its ACT conversation, its REHEARSE conversation and,
-    with probability `probe_rate`, a REHEARSE conversation of probes of its scenario."""
+def episode_segments(episode: dict, template, rng: random.Random, privileged_dropout: float,
+                     probe_rate: float = 0.0) -> list[list[Segment]]:
+    """The rendered examples of one episode: its ACT conversation, its REHEARSE conversation
+    and, with probability `probe_rate`, a REHEARSE conversation of probes of its scenario."""
     task = episode["task"]
-    out = [encode(tokenizer, template.act(task["tools"], task["request"], episode["messages"]))]
+    out = [template.act(task["tools"], task["request"], episode["messages"])]
     facts = fact_source(task)
     probed = probe_rate and rng.random() < probe_rate  # no draw when off: the same stream as without probes
     for recorded in (recorded_calls(episode), probe_calls(task, rng) if probed else []):
         if recorded:
             steps = [(c, None if rng.random() < privileged_dropout else facts.facts(c), r) for c, r in recorded]
-            out.append(encode(tokenizer, template.rehearse(task["tools"], task["request"], steps)))
+            out.append(template.rehearse(task["tools"], task["request"], steps))
     return out
 
 
@@ -114,18 +120,19 @@ class SFTDataset(torch.utils.data.Dataset):
         # domains in first-seen order: a set of Domain objects iterates in an order that hashes of
         # their functions (memory addresses) decide, which changed the renaming from run to run
         domains = dict.fromkeys(e["task"]["domain"] for e in episodes)
-        self.classes = relabel_classes(tokenizer, [get_domain(d) for d in domains])
+        self.classes = relabel_classes([get_domain(d) for d in domains])
         self.resample(0)
 
     def resample(self, epoch: int) -> None:
         rng = random.Random(f"{self.seed}-{epoch}")
-        self.examples = [
-            ((relabel(ids, self.classes, rng) if rng.random() < self.relabel_rate else ids)[: self.max_len],
-             roles[: self.max_len])
-            for ep, repeat in zip(self.episodes, self.repeats)
-            for _ in range(repeat)  # each repeat draws its own privileged dropout
-            for ids, roles in episode_examples(ep, self.template, self.tokenizer, rng, self.dropout, self.probe_rate)
-        ]
+        self.examples = []
+        for ep, repeat in zip(self.episodes, self.repeats):
+            for _ in range(repeat):  # each repeat draws its own privileged dropout
+                for segs in episode_segments(ep, self.template, rng, self.dropout, self.probe_rate):
+                    if rng.random() < self.relabel_rate:
+                        segs = relabel(segs, self.classes, rng)
+                    ids, roles = encode(self.tokenizer, segs)
+                    self.examples.append((ids[: self.max_len], roles[: self.max_len]))
 
     def __len__(self):
         return len(self.examples)
@@ -134,15 +141,26 @@ class SFTDataset(torch.utils.data.Dataset):
         return self.examples[i]
 
 
-def collate(batch, pad_id: int):
-    """Right-padded batch: input_ids [B, T], attention_mask [B, T], roles [B, T] (0 where padded)."""
+def collate(batch, pad_id: int, rank: int = 0, world: int = 1):
+    """Right-padded batch: input_ids [B, T], attention_mask [B, T], roles [B, T] (0 where padded).
+
+    `batch` is the global batch; this rank takes every `world`-th example from `rank` on (a rank
+    left without one gets an example with no targets: every rank must take part in the step).
+    Each role's loss weight, `world / (the global batch's target tokens of that role)`, makes
+    the ranks' gradients, averaged, equal the gradient of the global batch's mean (0: none).
+    """
+    weights = {}
+    for name, rid in (("act", 1), ("rehearse", 2)):
+        n = sum(r == rid for _, roles in batch for r in roles[1:])
+        weights[f"{name}_weight"] = torch.tensor(world / n if n else 0.0)
+    batch = batch[rank::world] or [(batch[0][0], [0] * len(batch[0][1]))]
     T = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
     roles = torch.zeros((len(batch), T), dtype=torch.long)
     mask = torch.zeros((len(batch), T), dtype=torch.long)
     for i, (x, r) in enumerate(batch):
         ids[i, : len(x)], roles[i, : len(r)], mask[i, : len(x)] = torch.tensor(x), torch.tensor(r), 1
-    return {"input_ids": ids, "attention_mask": mask, "roles": roles}
+    return {"input_ids": ids, "attention_mask": mask, "roles": roles, **weights}
 
 
 def length_batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:

@@ -11,10 +11,18 @@ variants differ only in who answers the calls:
 - `real_env`  — the real backend (calls counted; only ACT tokens exist to train);
 - `simulator` — a frozen copy of the warmup model as REHEARSE (only ACT is trained);
 - `sft`       — no RL (the warmup model as it is).
+
+Memory and scale: the loss is a weighted sum over tokens (`losses.token_weights`), so the
+backward runs chunk by chunk (`train.chunk_rows` rows at a time) and peak memory is one
+chunk's activations and logits. Under data parallelism each rank plays whole task groups
+(every task's G episodes on one rank, so advantages are exactly the single-process ones),
+the normalisers (episodes per role, ACT tokens) are summed across ranks, and the ranks'
+gradients are summed: N ranks take the same step as one process with the same global batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import time
@@ -25,28 +33,30 @@ import torch.nn.functional as F
 
 from envace import judge
 from envace.config import RolesConfig, RolloutConfig, TrainConfig
+from envace.data.tokenizer import WORDS, model_json
 from envace.domains.base import Task
 from envace.roles import ACT, REHEARSE, ROLE_IDS
+from envace.rollout.generate import mix64
 from envace.rollout.runner import SIMULATOR, Episode, EpisodeRunner, ModelResponder, Policy, RealResponder
+from envace.train import rank_divergence
 from envace.train.data import collate
-from envace.train.losses import ACT_ID, REHEARSE_ID, grpo_role_loss, leak_mass, role_advantages, role_targets
+from envace.train.losses import ACT_ID, REHEARSE_ID, grpo_role_loss, leak_mass, role_advantages, role_targets, token_weights
 
 VARIANTS = ("sft", "real_env", "simulator", "envace")
-ROWS_PER_FORWARD = 64  # generations per forward pass (bounds memory, not the result)
 
 
 def responder_for(variant: str, policy: Policy, rollout: RolloutConfig, roles: RolesConfig, cfg: TrainConfig,
-                  simulator: Policy | None = None, seed: int = 0):
+                  simulator: Policy | None = None):
     if variant == "envace":
         return ModelResponder(policy, rollout, "rehearsed", cfg.temperature, privileged=True,
-                              privileged_dropout=roles.privileged_dropout, seed=seed)
+                              privileged_dropout=roles.privileged_dropout)
     if variant == "real_env":
         return RealResponder()
     if variant == "simulator":
         if simulator is None:
             raise ValueError("variant 'simulator' needs a frozen simulator model")
         return ModelResponder(simulator, rollout, SIMULATOR, cfg.temperature, privileged=True,
-                              privileged_dropout=roles.privileged_dropout, seed=seed)
+                              privileged_dropout=roles.privileged_dropout)
     raise ValueError(f"unknown variant {variant!r}: expected one of {', '.join(VARIANTS[1:])}")
 
 
@@ -86,86 +96,124 @@ def generation_rows(episodes: list[Episode]) -> tuple[list[tuple[list[int], list
     return rows, episode_of
 
 
-def leak_token_ids(tokenizer, response_texts, act_texts) -> torch.Tensor:
-    """Tokens that real tool responses use and ACT never writes: ACT emitting one of them is
-    the environment's voice leaking into the agent's."""
-    seen = lambda texts: {t for text in texts for t in tokenizer.encode(text, add_special_tokens=False)}  # noqa: E731
-    return torch.tensor(sorted(seen(response_texts) - seen(act_texts) - set(tokenizer.all_special_ids)), dtype=torch.long)
+def leak_words(response_texts, act_texts) -> set[str]:
+    """Words (whole pieces of text, as `tokenizer.WORDS` splits them) that real tool responses
+    use and ACT never writes: ACT writing one is the environment's voice leaking into the
+    agent's. Words, not tokens: with a BPE tokenizer a token is a piece of many words."""
+    seen = lambda texts: {w for text in texts for w in WORDS.findall(text) if not w.isspace()}  # noqa: E731
+    return seen(response_texts) - seen(act_texts)
 
 
-def leak_ids_of(tokenizer, episodes: list[dict]) -> torch.Tensor:
-    """`leak_token_ids` of recorded episodes, responses spelled as the model reads them."""
-    from envace.data.tokenizer import model_json
+def leak_words_of(episodes: list[dict]) -> set[str]:
+    """`leak_words` of recorded episodes, responses spelled as the model reads them."""
     from envace.roles import act_text
 
     messages = [m for e in episodes for m in e["messages"]]
-    return leak_token_ids(tokenizer, [model_json(m["response"]) for m in messages if m["role"] == "tool"],
-                          [act_text(m) for m in messages if m["role"] == "act"])
+    return leak_words([model_json(m["response"]) for m in messages if m["role"] == "tool"],
+                      [act_text(m) for m in messages if m["role"] == "act"])
 
 
-def leaked(generation_ids: list[int], leak_ids: set[int]) -> bool:
-    return any(t in leak_ids for t in generation_ids)
+def leak_token_ids(tokenizer, words: set[str]) -> torch.Tensor:
+    """Ids of the leak words that are one token each: the persona-leak loss pushes their
+    probability down at ACT positions. With our word-level tokenizer that is every leak word;
+    with a BPE tokenizer only whole-word tokens count (a sub-word piece is not a leak)."""
+    ids = {tokenizer.convert_tokens_to_ids(w) for w in words if len(tokenizer.tokenize(w)) == 1}
+    ids = {i for i in ids if i is not None and i != tokenizer.unk_token_id} - set(tokenizer.all_special_ids)
+    return torch.tensor(sorted(ids), dtype=torch.long)
+
+
+def leaked(text: str, words: set[str]) -> bool:
+    return any(w in words for w in WORDS.findall(text))
+
+
+def rank_share(groups: int, rank: int, world: int) -> list[int]:
+    """The task groups rank `rank` of `world` plays: every world-th from its rank on.
+
+    >>> rank_share(5, 1, 2)
+    [1, 3]
+    """
+    return list(range(rank, groups, world))
 
 
 class GRPOModule(L.LightningModule):
     def __init__(self, policy: Policy, tasks: list[Task], variant: str, cfg: TrainConfig, rollout: RolloutConfig,
-                 roles: RolesConfig, leak_ids: torch.Tensor, simulator: Policy | None = None):
+                 roles: RolesConfig, leak_words: set[str], simulator: Policy | None = None):
         super().__init__()
         self.automatic_optimization = False
         self.policy, self.model = policy, policy.model
         self.tasks, self.variant, self.cfg = tasks, variant, cfg
-        self.register_buffer("leak_ids", leak_ids, persistent=False)
-        self.leak_set = set(leak_ids.tolist())
+        self.leak_set = set(leak_words)
+        self.register_buffer("leak_ids", leak_token_ids(policy.tokenizer, self.leak_set), persistent=False)
         self.reference = copy.deepcopy(policy.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-        self.responder = responder_for(variant, policy, rollout, roles, cfg, simulator, cfg.seed)
-        self.runner = EpisodeRunner(policy, self.responder, rollout, temperature=cfg.temperature, seed=cfg.seed)
+        self.responder = responder_for(variant, policy, rollout, roles, cfg, simulator)
+        self.runner = EpisodeRunner(policy, self.responder, rollout, temperature=cfg.temperature)
         self.real_calls = 0
         self.history: list[dict] = []
+        self.rank_divergence = 0.0
 
-    def sample_tasks(self, step: int) -> tuple[list[Task], torch.Tensor]:
+    def sample_tasks(self, step: int, rank: int = 0, world: int = 1) -> tuple[list[Task], torch.Tensor, list[int]]:
+        """This rank's share of step `step`'s episodes: (tasks [E], task group of each [E], and
+        each episode's random stream). Streams follow (seed, step, group, member), so an
+        episode plays out the same on any rank."""
         rng = random.Random(f"{self.cfg.seed}-{step}")
         chosen = rng.sample(self.tasks, min(self.cfg.tasks_per_step, len(self.tasks)))
-        group = [t for t in chosen for _ in range(self.cfg.group_size)]
-        return group, torch.arange(len(chosen)).repeat_interleave(self.cfg.group_size)
+        G, mine = self.cfg.group_size, rank_share(len(chosen), rank, world)
+        tasks = [chosen[k] for k in mine for _ in range(G)]
+        streams = [mix64(self.cfg.seed, step, k, g) for k in mine for g in range(G)]
+        return tasks, torch.arange(len(mine)).repeat_interleave(G), streams
 
     def training_step(self, batch, batch_idx):
         start, step = time.perf_counter(), len(self.history)  # global_step counts optimizer steps (ppo_epochs each)
-        tasks, task_of = self.sample_tasks(step)
-        self.runner.reseed(self.cfg.seed * 1_000_003 + step)  # a resumed run samples what this one would
+        tasks, task_of, streams = self.sample_tasks(step, self.global_rank, self.trainer.world_size)
         self.model.eval()
         with torch.no_grad():
-            episodes = self.runner.run(tasks)
+            episodes = self.runner.run(tasks, streams)
         gen_s = time.perf_counter() - start
         rewards = rewards_of(episodes, self.cfg.process_reward)
         rows, episode_of = generation_rows(episodes)
-        has = {rid: torch.zeros(len(episodes), dtype=torch.bool) for rid in (ACT_ID, REHEARSE_ID)}
-        for (_, roles), e in zip(rows, episode_of):
-            has[max(roles)][e] = True
-        advantages = {rid: role_advantages(rewards, task_of, has[rid], self.cfg.normalize_std) for rid in has}
+        counts = role_token_counts(rows, episode_of, len(episodes))
+        advantages = {rid: role_advantages(rewards, task_of, counts[rid] > 0, self.cfg.normalize_std) for rid in counts}
+        # normalisers over every rank's episodes: [episodes ACT wrote in, REHEARSE wrote in, ACT tokens]
+        norms = self._sum(torch.tensor([float((counts[ACT_ID] > 0).sum()), float((counts[REHEARSE_ID] > 0).sum()),
+                                        float(counts[ACT_ID].sum())]))
         # one update per rollout batch: the old policy is the current one (ratio 1), no extra pass
         old = self._logprobs(rows, self.model) if self.cfg.ppo_epochs > 1 else None
         ref = self._logprobs(rows, self.reference) if self.reference is not None else None
         self.model.train()
         opt = self.optimizers()
         for _ in range(self.cfg.ppo_epochs):
-            parts = self._loss(rows, episode_of, len(episodes), advantages, old, ref)
             opt.zero_grad()
-            self.manual_backward(parts["loss"])
+            no_reducer = getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)
+            with no_reducer():  # DDP's reducer stays out of the chunks' backward: we sum once, below
+                parts = self._backward(rows, episode_of, counts, advantages, norms, old, ref)
+            self._sync_gradients()
             self.clip_gradients(opt, gradient_clip_val=self.cfg.grad_clip, gradient_clip_algorithm="norm")
             opt.step()
-        self.real_calls += sum(e.real_calls for e in episodes)
-        act_gens = [g for e in episodes for g in e.generations if g.role == ACT]
-        generated = sum(sum(e.tokens.values()) for e in episodes)
+        self._record(step, episodes, rewards, advantages, parts, gen_s)
+
+    def _record(self, step, episodes, rewards, advantages, parts, gen_s) -> None:
+        """Telemetry of the step over all ranks' episodes (sums gathered, then ratios)."""
+        act_texts = [self.policy.decode(g.output_ids) for e in episodes for g in e.generations if g.role == ACT]
+        sums = self._sum(torch.tensor([
+            float(len(episodes)), float(rewards.sum()), float(sum(e.success for e in episodes)),
+            float(advantages[ACT_ID].abs().sum()), float(advantages[REHEARSE_ID].abs().sum()),
+            float(len(act_texts)), float(sum(leaked(t, self.leak_set) for t in act_texts)),
+            float(sum(e.real_calls for e in episodes)), float(sum(sum(e.tokens.values()) for e in episodes)),
+            float(parts["kl"]), float(parts["clipped"]), float(parts["tokens"]), float(parts["loss"]),
+        ], dtype=torch.float64))
+        n, reward, success, adv_act, adv_reh, acts, leaks, real, generated, kl, clipped, tokens, loss = sums.tolist()
+        self.real_calls += int(real)
         metrics = {
-            "reward": float(rewards.mean()), "success": sum(e.success for e in episodes) / len(episodes),
-            "adv_act_abs": float(advantages[ACT_ID].abs().mean()), "adv_rehearse_abs": float(advantages[REHEARSE_ID].abs().mean()),
-            "kl": float(parts["kl"]), "clip_frac": float(parts["clip_frac"]), "loss": float(parts["loss"].detach()),
-            "leak_rate": sum(leaked(g.output_ids, self.leak_set) for g in act_gens) / max(1, len(act_gens)),
+            "reward": reward / n, "success": success / n, "adv_act_abs": adv_act / n, "adv_rehearse_abs": adv_reh / n,
+            "kl": kl, "clip_frac": clipped / max(1.0, tokens), "loss": loss, "leak_rate": leaks / max(1.0, acts),
             "real_calls": float(self.real_calls), "tokens_per_s": generated / gen_s,
         }
         self.history.append({"step": step, **{k: round(v, 4) for k, v in metrics.items()}})
         self.log_dict({f"train/{k}": v for k, v in metrics.items()}, prog_bar=False, batch_size=len(episodes))
         self.log("reward", metrics["reward"], prog_bar=True, batch_size=len(episodes))
+
+    def on_train_end(self) -> None:
+        self.rank_divergence = rank_divergence(self)  # 0.0: every rank ends with the same weights
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["grpo"] = {"history": self.history, "real_calls": self.real_calls}
@@ -173,12 +221,34 @@ class GRPOModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.history, self.real_calls = checkpoint["grpo"]["history"], checkpoint["grpo"]["real_calls"]
 
+    # ---------------------------------------------------------------- data parallelism
+
+    def _sum(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` summed over the data-parallel ranks (as they are with one process)."""
+        if self.trainer.world_size > 1:
+            import torch.distributed as dist
+
+            values = values.to(self.device)
+            dist.all_reduce(values)
+        return values.cpu()
+
+    def _sync_gradients(self) -> None:
+        """Sum the ranks' gradients (each rank's loss is already normalised by the global counts)."""
+        if self.trainer.world_size > 1:
+            import torch.distributed as dist
+
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+
+    # ---------------------------------------------------------------- the loss, chunk by chunk
+
     def _forward(self, rows, model):
-        """(logits [N, V], targets [N], who [N], row [N]) for rows, ROWS_PER_FORWARD at a time,
+        """(logits [N, V], targets [N], who [N], row [N]) for rows, `chunk_rows` at a time,
         shortest first (little padding); the same order on every call."""
         order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
-        for lo in range(0, len(rows), ROWS_PER_FORWARD):
-            chunk = order[lo : lo + ROWS_PER_FORWARD]
+        for lo in range(0, len(rows), self.cfg.chunk_rows):
+            chunk = order[lo : lo + self.cfg.chunk_rows]
             b = collate([rows[i] for i in chunk], self.policy.pad_id)
             logits, targets, who, row = role_targets(model, b["input_ids"].to(self.device),
                                                      b["attention_mask"].to(self.device), b["roles"].to(self.device))
@@ -188,24 +258,50 @@ class GRPOModule(L.LightningModule):
         with torch.no_grad():
             return torch.cat([-F.cross_entropy(lg, t, reduction="none") for lg, t, _, _ in self._forward(rows, model)])
 
-    def _loss(self, rows, episode_of, n_episodes, advantages, old, ref) -> dict:
-        logits, targets, who, row = zip(*self._forward(rows, self.model))
-        logits, targets, who, row = torch.cat(logits), torch.cat(targets), torch.cat(who), torch.cat(row)
-        logp = -F.cross_entropy(logits, targets, reduction="none")  # [S]
-        episode = torch.tensor(episode_of, device=logp.device)[row]  # [S]
-        total, kl, clip_frac = logp.sum() * 0.0, logp.new_zeros(()), logp.new_zeros(())
-        for rid, weight in ((ACT_ID, 1.0), (REHEARSE_ID, self.cfg.lambda_env)):
-            mine = who == rid
-            if not mine.any():
-                continue
-            part = grpo_role_loss(logp[mine], logp[mine].detach() if old is None else old[mine], advantages[rid].to(logp.device), episode[mine], n_episodes, self.cfg.clip_eps,
-                                  None if ref is None else ref[mine], self.cfg.kl_coef)
-            total = total + weight * part["loss"]
-            kl, clip_frac = kl + part["kl"], torch.maximum(clip_frac, part["clip_frac"])
-        act = who == ACT_ID
-        if self.cfg.leak_coef and act.any() and self.leak_ids.numel():
-            total = total + self.cfg.leak_coef * leak_mass(logits[act], self.leak_ids).mean()
-        return {"loss": total, "kl": kl, "clip_frac": clip_frac}
+    def _backward(self, rows, episode_of, counts, advantages, norms, old, ref) -> dict:
+        """Backward of the whole loss, one chunk at a time (gradients accumulate); returns its
+        parts, summed. Each role's term is weighted by `token_weights` over the episodes it wrote
+        in (on every rank: `norms`), the leak term is the mean over every rank's ACT tokens."""
+        episode_of = torch.tensor(episode_of, device=self.device)
+        n_wrote = {ACT_ID: float(norms[0]), REHEARSE_ID: float(norms[1])}
+        totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "tokens": 0.0}
+        done = 0  # tokens of the chunks before: where this chunk's old / ref log-probs start
+        for logits, targets, who, row in self._forward(rows, self.model):
+            logp = -F.cross_entropy(logits, targets, reduction="none")  # [S]
+            span = slice(done, done + len(logp))
+            done += len(logp)
+            episode = episode_of[row]  # [S]
+            loss = logp.sum() * 0.0
+            for rid, weight in ((ACT_ID, 1.0), (REHEARSE_ID, self.cfg.lambda_env)):
+                mine = who == rid
+                if not mine.any():
+                    continue
+                part = grpo_role_loss(
+                    logp[mine], (logp.detach() if old is None else old[span].to(logp.device))[mine],
+                    advantages[rid].to(logp.device)[episode[mine]],
+                    token_weights(counts[rid].to(logp.device), episode[mine], n_wrote[rid]), self.cfg.clip_eps,
+                    None if ref is None else ref[span].to(logp.device)[mine], self.cfg.kl_coef)
+                loss = loss + weight * part["loss"]
+                totals["kl"] += float(part["kl"])
+                totals["clipped"] += float(part["clipped"])
+            act = who == ACT_ID
+            if self.cfg.leak_coef and act.any() and self.leak_ids.numel():
+                loss = loss + self.cfg.leak_coef * leak_mass(logits[act], self.leak_ids).sum() / norms[2].item()
+            self.manual_backward(loss)
+            totals["loss"] += float(loss.detach())
+            totals["tokens"] += float(len(logp))
+        return totals
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, betas=(0.9, 0.98))
+        params = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only
+        return torch.optim.AdamW(params, lr=self.cfg.lr, betas=(0.9, 0.98))
+
+
+def role_token_counts(rows, episode_of: list[int], n_episodes: int) -> dict[int, torch.Tensor]:
+    """Per role: how many target tokens each episode has (rows as `generation_rows` makes them;
+    a row's first token is never a target). → {role id: [E]}"""
+    counts = {rid: torch.zeros(n_episodes) for rid in (ACT_ID, REHEARSE_ID)}
+    for (_, roles), e in zip(rows, episode_of):
+        for rid in counts:
+            counts[rid][e] += sum(r == rid for r in roles[1:])
+    return counts

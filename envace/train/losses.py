@@ -31,25 +31,34 @@ def role_targets(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, r
 
 
 def role_nll(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, roles: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Mean next-token NLL of the ACT targets and of the REHEARSE targets. Inputs: [B, T]."""
+    """Per role: the summed next-token NLL of its targets (`act_sum`), their count
+    (`act_tokens`) and their mean (`act`; 0 without targets). Inputs: [B, T]."""
     logits, targets, who, _ = role_targets(model, input_ids, attention_mask, roles)
     nll = F.cross_entropy(logits, targets, reduction="none")  # [N]
     out = {}
     for name, rid in (("act", ACT_ID), ("rehearse", REHEARSE_ID)):
         mine = who == rid
-        out[name] = nll[mine].mean() if mine.any() else nll.sum() * 0.0
+        out[f"{name}_sum"] = nll[mine].sum()
         out[f"{name}_tokens"] = mine.sum()
+        out[name] = out[f"{name}_sum"] / out[f"{name}_tokens"].clamp(min=1)
     return out
 
 
 def warmup_loss(model, batch: dict, lambda_env: float) -> dict[str, torch.Tensor]:
-    """SFT on both roles: L = L_act + lambda_env * L_rehearse."""
+    """SFT on both roles: L = L_act + lambda_env * L_rehearse, each role's mean NLL over the
+    global batch — `batch["act_weight"]` (from `collate`) is world size / the global batch's
+    ACT targets, so data-parallel ranks averaging their gradients get the global mean's.
+    Without weights, this batch's mean."""
     parts = role_nll(model, batch["input_ids"], batch["attention_mask"], batch["roles"])
-    parts["loss"] = parts["act"] + lambda_env * parts["rehearse"]
+    terms = {}
+    for name in ("act", "rehearse"):
+        weight = batch.get(f"{name}_weight")
+        terms[name] = parts[f"{name}_sum"] * weight if weight is not None else parts[name]
+    parts["loss"] = terms["act"] + lambda_env * terms["rehearse"]
     return parts
 
 
-# ---- Role-wise GRPO (DESIGN §1). E episodes, K tasks, S selected target tokens. ----------------
+# ---- Role-wise GRPO. E episodes, K tasks, S selected target tokens. ----------------------------
 
 
 def role_advantages(rewards: torch.Tensor, task_of: torch.Tensor, has_role: torch.Tensor,
@@ -75,14 +84,18 @@ def role_advantages(rewards: torch.Tensor, task_of: torch.Tensor, has_role: torc
     return centred
 
 
-def per_episode_mean(values: torch.Tensor, episode_of: torch.Tensor, n_episodes: int) -> torch.Tensor:
-    """Mean of token values per episode, so each episode counts once however long it is.
+def token_weights(count: torch.Tensor, episode_of: torch.Tensor, n_wrote: float) -> torch.Tensor:
+    """Weights for one role's tokens such that Σ weight · x is the mean, over the `n_wrote`
+    episodes in which the role wrote, of each episode's token-mean of x: each episode counts
+    once however long it is. The sum splits over chunks of tokens (and over data-parallel
+    ranks, with `n_wrote` counted across them), so the backward can run chunk by chunk.
 
-    values: [S]; episode_of: [S] long → [E] (0 where an episode has no tokens).
+    count: [E] the role's tokens per episode; episode_of: [S] → [S].
+
+    >>> token_weights(torch.tensor([1., 3.]), torch.tensor([0, 1, 1, 1]), 2).tolist()
+    [0.5, 0.1666666716337204, 0.1666666716337204, 0.1666666716337204]
     """
-    total = values.new_zeros(n_episodes).index_add(0, episode_of, values)  # [E]
-    count = values.new_zeros(n_episodes).index_add(0, episode_of, torch.ones_like(values))  # [E]
-    return total / count.clamp(min=1)
+    return 1.0 / (count[episode_of] * n_wrote)
 
 
 def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantage: torch.Tensor, clip_eps: float) -> torch.Tensor:
@@ -97,30 +110,28 @@ def kl_to_reference(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1
 
 
-def grpo_role_loss(logp, old_logp, advantage, episode_of, n_episodes: int, clip_eps: float,
-                   ref_logp=None, kl_coef: float = 0.0) -> dict[str, torch.Tensor]:
-    """One role's loss: −(clipped surrogate, token-mean per episode, then mean over the episodes
-    where the role wrote), plus kl_coef · KL to the reference, averaged the same way.
+def grpo_role_loss(logp, old_logp, advantage, weight, clip_eps: float, ref_logp=None,
+                   kl_coef: float = 0.0) -> dict[str, torch.Tensor]:
+    """One role's loss over some of its tokens: −Σ weight · clipped surrogate, plus kl_coef ·
+    Σ weight · KL to the reference (`token_weights` make the full sum per-episode means).
 
-    logp, old_logp, ref_logp: [S] log-probs of the role's sampled tokens; advantage: [E];
-    episode_of: [S] long → {"loss", "kl", "clip_frac"} scalars.
+    logp, old_logp, ref_logp: [S] log-probs of the role's sampled tokens; advantage: [S], the
+    token's episode's; weight: [S] → {"loss", "kl" (weighted, detached), "clipped" (count)}.
     """
-    wrote = torch.zeros(n_episodes, dtype=torch.bool, device=episode_of.device)
-    wrote[episode_of] = True  # [E]
-    n = wrote.sum().clamp(min=1)
-    surrogate = clipped_surrogate(logp, old_logp, advantage[episode_of], clip_eps)  # [S]
-    loss = -per_episode_mean(surrogate, episode_of, n_episodes).sum() / n
+    surrogate = clipped_surrogate(logp, old_logp, advantage, clip_eps)  # [S]
+    loss = -(weight * surrogate).sum()
     kl = logp.new_zeros(())
     if ref_logp is not None:
-        kl = per_episode_mean(kl_to_reference(logp, ref_logp), episode_of, n_episodes).sum() / n
+        kl = (weight * kl_to_reference(logp, ref_logp)).sum()
         loss = loss + kl_coef * kl
     clipped = ((logp - old_logp).exp() - 1).abs() > clip_eps  # [S]
-    return {"loss": loss, "kl": kl.detach(), "clip_frac": clipped.float().mean() if clipped.numel() else logp.new_zeros(())}
+    return {"loss": loss, "kl": kl.detach(), "clipped": clipped.sum()}
 
 
 def leak_mass(logits: torch.Tensor, leak_ids: torch.Tensor) -> torch.Tensor:
     """Persona-leak auxiliary loss: probability ACT puts on response-only tokens, per token.
 
-    logits: [S, V] at ACT positions; leak_ids: [M] token ids seen only in tool responses → [S].
+    logits: [S, V] at ACT positions; leak_ids: [M] ids of the words seen only in tool
+    responses that are one token each (see `train.grpo.leak_words`) → [S].
     """
     return torch.softmax(logits.float(), dim=-1)[:, leak_ids].sum(-1)

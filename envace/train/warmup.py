@@ -13,6 +13,7 @@ import lightning as L
 import torch
 
 from envace.io import write_csv
+from envace.train import rank_divergence
 from envace.train.losses import warmup_loss
 
 
@@ -24,17 +25,24 @@ class WarmupModule(L.LightningModule):
         self.min_lr_ratio = min_lr_ratio
         self.lr, self.weight_decay = lr, weight_decay
         self.warmup_steps, self.total_steps, self.lambda_env = warmup_steps, max(total_steps, 1), lambda_env
+        self.rank_divergence = 0.0
+
+    def on_train_end(self) -> None:
+        self.rank_divergence = rank_divergence(self)  # 0.0: every rank ends with the same weights
 
     def training_step(self, batch, batch_idx):
         parts = warmup_loss(self.model, batch, self.lambda_env)
         n = batch["input_ids"].shape[0]
         self.log("train/loss", parts["loss"], prog_bar=True, batch_size=n)
-        self.log("train/act_loss", parts["act"], prog_bar=True, batch_size=n)
-        self.log("train/rehearse_loss", parts["rehearse"], prog_bar=True, batch_size=n)
+        for role in ("act", "rehearse"):  # a batch without a role's tokens has no loss for it, not a 0
+            if parts[f"{role}_tokens"]:
+                self.log(f"train/{role}_loss", parts[role], prog_bar=True, batch_size=n)
         return parts["loss"]
 
+
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay, betas=(0.9, 0.98))
+        params = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only
+        opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay, betas=(0.9, 0.98))
 
         def schedule(step: int) -> float:
             if step < self.warmup_steps:
@@ -53,10 +61,11 @@ class StepCurve(L.Callback):
         self.path, self.rows = path, []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step % 10 == 0:
-            m = trainer.callback_metrics
+        m = trainer.callback_metrics
+        if trainer.global_step % 10 == 0 and {"train/act_loss", "train/rehearse_loss"} <= set(m):
             self.rows.append({"step": trainer.global_step, "act_loss": round(float(m["train/act_loss"]), 4),
                               "rehearse_loss": round(float(m["train/rehearse_loss"]), 4)})
 
     def on_train_end(self, trainer, pl_module):
-        write_csv(self.path, self.rows)
+        if trainer.is_global_zero:
+            write_csv(self.path, self.rows)
