@@ -132,15 +132,20 @@ def test_relabelling_renames_names_in_every_spelling_with_a_bpe_tokenizer(smol_d
     _, tok = load(smol_dir)
     segs = episode_segments(gold[0], Policy(None, tok).template, random.Random(0), 0.0)[0]  # the ACT conversation
     owner = gold[0]["task"]["slots"].get("owner") or gold[0]["task"]["slots"]["sender"]
-    classes = relabel_classes([get_domain("bank")])
+    classes = relabel_classes([get_domain("bank")], tok)
     renamed = relabel(segs, classes, random.Random(3))
-    new_owner = dict(zip(classes[0], random.Random(3).sample(classes[0], len(classes[0]))))[owner]
+    rng = random.Random(3)
+    mapping = {a: b for cls in classes for a, b in zip(cls, rng.sample(cls, len(cls)))}  # what relabel drew
+    new_owner = mapping[owner]
     old_text, new_text = "".join(s.text for s in segs), "".join(s.text for s in renamed)
     assert f" {owner}" in old_text and f'"{owner}"' in old_text  # both spellings
     assert f" {new_owner}" in new_text and f'"{new_owner}"' in new_text and new_owner != owner
     assert tok.encode(f" {owner}", add_special_tokens=False) != tok.encode(owner, add_special_tokens=False)
     assert [s.role for s in renamed] == [s.role for s in segs]
     assert tok.decode(encode(tok, renamed)[0]) == new_text
+    # a name is renamed only to one the tokenizer spells with as many tokens
+    assert all(len({len(tok.tokenize(n)) for n in cls}) == 1 for cls in classes)
+    assert len(encode(tok, renamed)[0]) == len(encode(tok, segs)[0])
 
 
 def test_leak_words_count_whole_words_and_only_one_token_words_enter_the_loss(smol_dir):

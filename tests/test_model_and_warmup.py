@@ -186,6 +186,8 @@ def test_relabelled_examples_rename_names_consistently_and_nothing_else(prepared
     renamed = SFTDataset(episodes, MinimalTemplate(), tokenizer, 0.0, relabel_rate=1.0)
     names = {n for cls in renamed.classes for n in cls}
     assert len(renamed.classes) >= 4 and len(names) > 50  # owners, account ids, file names, folder names, ids
+    vocab = tokenizer.get_vocab()  # word-level: one-token names swap among themselves, lengths unchanged
+    assert all(all(n in vocab for n in cls) or not any(n in vocab for n in cls) for cls in renamed.classes)
     changed = 0
     for (a, ra), (b, rb) in zip(plain.examples, renamed.examples):
         words = lambda ids, roles, role: WORDS.findall(tokenizer.decode([i for i, r in zip(ids, roles) if r == role]))  # noqa: E731
@@ -198,6 +200,7 @@ def test_relabelled_examples_rename_names_consistently_and_nothing_else(prepared
             assert len(set(mapping.values())) == len(mapping)  # and never two names -> one
             assert all(any(x in c and y in c for c in renamed.classes) for x, y in mapping.items())  # within its class
         changed += a != b
+        assert len(a) == len(b)
     assert changed > len(plain.examples) // 2
 
 

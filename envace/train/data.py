@@ -63,9 +63,18 @@ def repeats(episodes: list[dict], max_repeat: int) -> list[int]:
             for names in calls]
 
 
-def relabel_classes(domains) -> list[list[str]]:
-    """The interchangeable classes of names of each domain, in the domains' given order."""
-    return [list(names) for d in domains for names in d.interchangeable if len(names) > 1]
+def relabel_classes(domains, tokenizer) -> list[list[str]]:
+    """The interchangeable names of each domain, in the domains' given order, grouped by how
+    many tokens `tokenizer` spells them with: a name is renamed only to one as long, so renaming
+    never changes a sequence's length (nor turns a one-token name into a spelled-out one)."""
+    classes = []
+    for d in domains:
+        for names in d.interchangeable:
+            by_length: dict[int, list[str]] = {}
+            for name in names:
+                by_length.setdefault(len(tokenizer.tokenize(name)), []).append(name)
+            classes += [group for _, group in sorted(by_length.items()) if len(group) > 1]
+    return classes
 
 
 def relabel(segments: list[Segment], classes: list[list[str]], rng: random.Random) -> list[Segment]:
@@ -120,7 +129,7 @@ class SFTDataset(torch.utils.data.Dataset):
         # domains in first-seen order: a set of Domain objects iterates in an order that hashes of
         # their functions (memory addresses) decide, which changed the renaming from run to run
         domains = dict.fromkeys(e["task"]["domain"] for e in episodes)
-        self.classes = relabel_classes([get_domain(d) for d in domains])
+        self.classes = relabel_classes([get_domain(d) for d in domains], tokenizer)
         self.resample(0)
 
     def resample(self, epoch: int) -> None:

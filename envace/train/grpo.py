@@ -233,13 +233,19 @@ class GRPOModule(L.LightningModule):
         return values.cpu()
 
     def _sync_gradients(self) -> None:
-        """Sum the ranks' gradients (each rank's loss is already normalised by the global counts)."""
+        """Sum the ranks' gradients (each rank's loss is already normalised by the global counts),
+        in one collective: a rank that played no episode contributes zeros, never skips it."""
         if self.trainer.world_size > 1:
             import torch.distributed as dist
 
-            for p in self.model.parameters():
-                if p.grad is not None:
-                    dist.all_reduce(p.grad)
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            dist.all_reduce(flat)
+            for p, g in zip(params, flat.split([p.numel() for p in params])):
+                p.grad.copy_(g.view_as(p))
 
     # ---------------------------------------------------------------- the loss, chunk by chunk
 
