@@ -317,11 +317,11 @@ def apply_profile(params_path: str | Path, profile_path: str | Path) -> list[str
     if not profile_path.exists():
         known = sorted(p.stem for p in profile_path.parent.glob("*.yaml"))
         raise ParamsError(f"{profile_path}: no such profile (known: {', '.join(known) or 'none'})")
-    rt = YAML()
+    rt = YAML()  # round trip: comments kept, numbers written as the profile spells them
     current = rt.load(params_path.read_text())
     try:
-        overrides = yaml.safe_load(profile_path.read_text()) or {}
-    except yaml.YAMLError as err:
+        overrides = rt.load(profile_path.read_text()) or {}
+    except Exception as err:  # ruamel's parser and scanner errors share no public base class
         raise ParamsError(f"{profile_path}: not valid YAML: {err}") from None
     changed: list[str] = []
 

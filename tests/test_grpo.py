@@ -170,3 +170,38 @@ def test_shared_rows_give_every_generated_token_the_log_prob_it_has_alone(tokeni
 def test_unknown_variant_is_named(tokenizer):
     with pytest.raises(ValueError, match="unknown variant 'sim'"):
         _module(tokenizer, "sim")
+
+
+def test_the_chunked_backward_gives_the_gradient_of_the_whole_loss(tokenizer):
+    """Peak memory is one chunk's: the loss is a weighted sum over tokens, so backward chunk
+    by chunk accumulates exactly the gradient of the loss over every row at once."""
+    import lightning as L
+
+    from envace.train.grpo import generation_rows, role_token_counts
+    from envace.train.losses import ACT_ID, REHEARSE_ID, role_advantages
+
+    module = _module(tokenizer, "envace", kl_coef=0.1)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, max_steps=0)
+    trainer.strategy.connect(module)
+    module.trainer = trainer
+    module.manual_backward = lambda loss: loss.backward()  # outside fit: a plain backward
+    tasks, task_of, streams = module.sample_tasks(0)
+    with torch.no_grad():
+        episodes = module.runner.run(tasks, streams)
+    rows, episode_of = generation_rows(episodes)
+    counts = role_token_counts(rows, episode_of, len(episodes))
+    rewards = torch.tensor([float(i % 2) for i in range(len(episodes))])  # advantages that are not all 0
+    adv = {rid: role_advantages(rewards, task_of, counts[rid] > 0) for rid in counts}
+    norms = torch.tensor([float((counts[ACT_ID] > 0).sum()), float((counts[REHEARSE_ID] > 0).sum()),
+                          float(counts[ACT_ID].sum())])
+    ref = module._logprobs(rows, module.reference)
+    grads = []
+    for chunk in (1, 3, len(rows)):
+        module.cfg = module.cfg.model_copy(update={"chunk_rows": chunk})
+        module.model.zero_grad()
+        module._backward(rows, episode_of, counts, adv, norms, None, ref)
+        grads.append(torch.cat([p.grad.flatten() for p in module.model.parameters()]))
+    assert len(rows) > 3 and grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[0], grads[2], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(grads[1], grads[2], atol=1e-6, rtol=1e-5)

@@ -83,3 +83,30 @@ def test_stage_modules_match_dvc_stages():
 
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     assert tuple(dvc) == STAGES
+
+
+@pytest.mark.parametrize("profile", sorted((ROOT / "profiles").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_profile_applies_to_params_yaml(profile, tmp_path):
+    from envace.config import apply_profile
+
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "params.yaml").read_text())
+    changed = apply_profile(params, profile)
+    assert changed and "model.source: 'embedded' -> 'smollm2'" in changed
+    assert load_params(params).model.source == "smollm2"
+    assert "# envace pipeline parameters" in params.read_text()  # comments kept
+    assert apply_profile(params, profile) == []  # applying it again changes nothing
+
+
+def test_a_bad_profile_is_refused_and_params_yaml_is_left_as_it_was(tmp_path):
+    from envace.config import apply_profile
+
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "params.yaml").read_text())
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles/typo.yaml").write_text("warmup:\n  max_epoch: 3\n")
+    with pytest.raises(ParamsError, match=r"warmup\.max_epoch: unknown key"):
+        apply_profile(params, tmp_path / "profiles/typo.yaml")
+    with pytest.raises(ParamsError, match=r"no such profile \(known: typo\)"):
+        apply_profile(params, tmp_path / "profiles/nope.yaml")
+    assert params.read_text() == (ROOT / "params.yaml").read_text()

@@ -192,3 +192,20 @@ def test_lists_reach_the_model_indexed_and_come_back_as_lists(tokenizer):
     # each element follows its own key piece, one token, as every field value does
     ids = tokenizer.encode('"files":{"$0":"q1.txt","$1":"memo.pdf"}', add_special_tokens=False)
     assert {'"$0":"', '"$1":"'} <= set(tokenizer.convert_ids_to_tokens(ids))
+
+
+def test_a_template_that_reads_tools_gets_them_through_apply_chat_template(tokenizer, episode):
+    """Templates with a `tools` variable (Qwen, Llama 3.1, ...) render the schemas themselves."""
+    with_tools = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                  "{% if loop.first and tools %}\n# Tools{% for t in tools %}\n{{ t['function']['name'] }}: "
+                  "{{ t['function']['description'] }}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    from envace.roles import check_template, template_for
+
+    chat_tok = _chat_tokenizer(tokenizer, with_tools)
+    tmpl = template_for(chat_tok)
+    task = episode["task"]
+    text = "".join(s.text for s in tmpl.act_prompt(task["tools"], task["request"], episode["messages"][:1]))
+    assert tmpl.native_tools and "# Tools" in text and "Tools: " not in text  # not repeated as signatures
+    assert all(f"{t['function']['name']}: {t['function']['description']}" in text for t in task["tools"])
+    check_template(chat_tok, task["tools"])
