@@ -30,6 +30,16 @@ WORDS = re.compile(PIECE_PATTERN, re.DOTALL)  # the pieces of a text, also for t
 ALPHABET = sorted(set(string.printable) - set("\x0b\x0c"))
 
 
+def is_word_level(tokenizer) -> bool:
+    """Whether `tokenizer` is ours (pre-split into PIECE_PATTERN pieces): a word it knows is one
+    token, a word it never saw is spelled out."""
+    import json as _json
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    pre = _json.loads(backend.to_str()).get("pre_tokenizer") or {} if backend is not None else {}
+    return pre.get("type") == "Split" and pre.get("pattern", {}).get("Regex") == PIECE_PATTERN
+
+
 def compact_json(obj) -> str:
     """The one JSON spelling the model reads and writes: no spaces, keys in given order."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)

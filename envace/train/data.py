@@ -24,7 +24,7 @@ from collections import Counter
 import torch
 
 from envace.domains import get_domain
-from envace.data.tokenizer import WORDS
+from envace.data.tokenizer import WORDS, is_word_level
 from envace.roles import Segment, encode
 
 
@@ -66,13 +66,16 @@ def repeats(episodes: list[dict], max_repeat: int) -> list[int]:
 def relabel_classes(domains, tokenizer) -> list[list[str]]:
     """The interchangeable names of each domain, in the domains' given order, grouped by how
     many tokens `tokenizer` spells them with: a name is renamed only to one as long, so renaming
-    never changes a sequence's length (nor turns a one-token name into a spelled-out one)."""
+    never changes a sequence's length. With our word-level tokenizer that is the names it knows
+    (one token each); a name it never saw is no word of its vocabulary and is left alone."""
+    vocab = tokenizer.get_vocab() if is_word_level(tokenizer) else None
     classes = []
     for d in domains:
         for names in d.interchangeable:
             by_length: dict[int, list[str]] = {}
             for name in names:
-                by_length.setdefault(len(tokenizer.tokenize(name)), []).append(name)
+                if vocab is None or name in vocab:
+                    by_length.setdefault(len(tokenizer.tokenize(name)), []).append(name)
             classes += [group for _, group in sorted(by_length.items()) if len(group) > 1]
     return classes
 
@@ -155,13 +158,13 @@ def collate(batch, pad_id: int, rank: int = 0, world: int = 1):
 
     `batch` is the global batch; this rank takes every `world`-th example from `rank` on (a rank
     left without one gets an example with no targets: every rank must take part in the step).
-    Each role's loss weight, `world / (the global batch's target tokens of that role)`, makes
-    the ranks' gradients, averaged, equal the gradient of the global batch's mean (0: none).
+    Each role's loss divisor, `(the global batch's target tokens of that role) / world`, makes
+    the ranks' gradients, averaged, equal the gradient of the global batch's mean.
     """
     weights = {}
     for name, rid in (("act", 1), ("rehearse", 2)):
         n = sum(r == rid for _, roles in batch for r in roles[1:])
-        weights[f"{name}_weight"] = torch.tensor(world / n if n else 0.0)
+        weights[f"{name}_per"] = torch.tensor(max(n, 1) / world)
     batch = batch[rank::world] or [(batch[0][0], [0] * len(batch[0][1]))]
     T = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), T), pad_id, dtype=torch.long)

@@ -46,14 +46,14 @@ def role_nll(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, roles
 
 def warmup_loss(model, batch: dict, lambda_env: float) -> dict[str, torch.Tensor]:
     """SFT on both roles: L = L_act + lambda_env * L_rehearse, each role's mean NLL over the
-    global batch — `batch["act_weight"]` (from `collate`) is world size / the global batch's
-    ACT targets, so data-parallel ranks averaging their gradients get the global mean's.
-    Without weights, this batch's mean."""
+    global batch — `batch["act_per"]` (from `collate`) is the global batch's ACT targets / world
+    size, so data-parallel ranks averaging their gradients get the global mean's. Without it,
+    this batch's mean (the same with one process)."""
     parts = role_nll(model, batch["input_ids"], batch["attention_mask"], batch["roles"])
     terms = {}
     for name in ("act", "rehearse"):
-        weight = batch.get(f"{name}_weight")
-        terms[name] = parts[f"{name}_sum"] * weight if weight is not None else parts[name]
+        per = batch.get(f"{name}_per")
+        terms[name] = parts[f"{name}_sum"] / per if per is not None else parts[name]
     parts["loss"] = terms["act"] + lambda_env * terms["rehearse"]
     return parts
 
