@@ -48,7 +48,7 @@ def main() -> None:
     from envace.io import read_jsonl
     from envace.model import load
     from envace.rollout.runner import Policy
-    from envace.train.grpo import GRPOModule, generation_rows, leak_ids_of
+    from envace.train.grpo import GRPOModule, generation_rows, leak_words_of
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", default="envace", choices=("envace", "real_env", "simulator"))
@@ -62,9 +62,10 @@ def main() -> None:
     episodes = list(read_jsonl("data/prepared/train.jsonl"))
     simulator = Policy(load(args.model)[0].eval(), tokenizer) if args.variant == "simulator" else None
     module = GRPOModule(Policy(model, tokenizer), [Task.from_dict(e["task"]) for e in episodes], args.variant,
-                        params.train, params.rollout, params.roles, leak_ids_of(tokenizer, episodes), simulator)
+                        params.train, params.rollout, params.roles, leak_words_of(episodes), simulator)
     with torch.no_grad():
-        played = module.runner.run(module.sample_tasks(0)[0])
+        tasks, _, streams = module.sample_tasks(0)
+        played = module.runner.run(tasks, streams)
     packed, alone = generation_rows(played)[0], rows_alone(played)[0]
     times = {"packed": [], "alone": []}
     for _ in range(args.repeats):

@@ -8,7 +8,8 @@ import os
 import pytest
 import torch
 
-from envace.roles import ACT, REHEARSE, ROLE_IDS
+from envace.roles import ACT, REHEARSE
+from tests.test_roles import _spans
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +44,6 @@ def gold(prepared_dir):
     files = [e for e in train if e["task"]["domain"] == "files" and any(
         m["role"] == "tool" and m["name"] == "list_folder" for m in e["messages"])][:1]
     return bank + files
-
-
-def _spans(tokenizer, ids, roles, role):
-    out, run = [], []
-    for i, r in zip(ids, roles):
-        if r == ROLE_IDS[role]:
-            run.append(i)
-        elif run:
-            out.append(tokenizer.decode(run)); run = []
-    return out + ([tokenizer.decode(run)] if run else [])
 
 
 def test_smollm2_template_renders_both_roles_and_the_targets_parse(smol_dir, gold):
@@ -189,37 +180,39 @@ def test_a_checkpoint_without_a_tokenizer_fails_and_writes_nothing(tmp_path, mon
     assert not (tmp_path / "models").exists() and not (tmp_path / "metrics").exists()
 
 
-def test_a_template_that_cannot_render_the_tools_fails_and_writes_nothing(tmp_path, monkeypatch, smol_dir):
+def _with_template(checkpoint, path, template):
+    """A copy of `checkpoint` whose tokenizer has chat template `template` (None: no template)."""
     import shutil
 
+    shutil.copytree(checkpoint, path)
+    config = path / "tokenizer_config.json"
+    cfg = json.loads(config.read_text())
+    cfg.pop("chat_template", None)
+    if template is not None:
+        cfg["chat_template"] = template
+    config.write_text(json.dumps(cfg))
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    return path
+
+
+def test_a_template_that_cannot_render_the_tools_fails_and_writes_nothing(tmp_path, monkeypatch, smol_dir):
     from envace.stages import StageFailed
 
-    shutil.copytree(smol_dir, tmp_path / "no-system")
-    config = tmp_path / "no-system" / "tokenizer_config.json"
-    cfg = json.loads(config.read_text())
-    cfg["chat_template"] = ("{% for m in messages %}{% if m['role'] != 'system' %}<|im_start|>{{ m['role'] }}\n"
-                            "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
-                            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    config.write_text(json.dumps(cfg))
-    (tmp_path / "no-system" / "chat_template.jinja").unlink(missing_ok=True)
+    _with_template(smol_dir, tmp_path / "no-system",
+                   "{% for m in messages %}{% if m['role'] != 'system' %}<|im_start|>{{ m['role'] }}\n"
+                   "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     with pytest.raises(StageFailed, match=r"cannot render the tools: ACT's prompt lost find_account"):
         _base_model(tmp_path, monkeypatch, tmp_path / "no-system")
     assert not (tmp_path / "models").exists() and not (tmp_path / "metrics").exists()
 
 
 def test_a_base_checkpoint_without_a_template_gets_our_markers(tmp_path, monkeypatch, smol_dir):
-    import shutil
-
     from envace.model import load
     from envace.roles import MinimalTemplate
     from envace.rollout.runner import Policy
 
-    shutil.copytree(smol_dir, tmp_path / "base-lm")
-    config = tmp_path / "base-lm" / "tokenizer_config.json"
-    cfg = json.loads(config.read_text())
-    cfg.pop("chat_template", None)
-    config.write_text(json.dumps(cfg))
-    (tmp_path / "base-lm" / "chat_template.jinja").unlink(missing_ok=True)
+    _with_template(smol_dir, tmp_path / "base-lm", None)
     _base_model(tmp_path, monkeypatch, tmp_path / "base-lm")
     model, tok = load(tmp_path / "models/base")
     assert not tok.chat_template and set(MinimalTemplate.MARKERS) <= set(tok.all_special_tokens)
