@@ -3,11 +3,12 @@
 Trains up to `warmup.max_epochs`; after each epoch it measures rehearsal exact match
 (privileged facts shown) on an even spread of the validation split (`warmup.check_episodes`,
 cheap: that is the curve), and from `warmup.min_epochs` on, when the spread passes, on the
-whole validation split: it stops once every core tool reaches `gate.min_rehearsal_accuracy`
-there. Then ACT plays held-out test tasks greedily in the real backends.
+validation split (`gate.episodes` of it; 0: all): it stops once every core tool reaches
+`gate.min_rehearsal_accuracy` there. Before training and after it, what the roles can do is
+measured (parse rates, rehearsal exact per tool, ACT's greedy success in the real backends).
 
 Starts from `models/base` (stage `base_model`); with `model.lora.rank` > 0 only LoRA
-adapters train. Runs where `trainer` says (devices, DDP/FSDP, precision): `warmup.batch_size`
+adapters train. Runs where `trainer` says (devices, DDP, precision): `warmup.batch_size`
 is the global batch, split across ranks (`train.data.collate`), and only rank 0 writes.
 
 Writes `models/warmup/` (safetensors + tokenizer; adapters for LoRA), `metrics/warmup.json`
@@ -66,6 +67,7 @@ def run(params: Params) -> dict[str, Path]:
     train = spread(list(read_jsonl(PREPARED / "train.jsonl")), cfg.train_episodes)
     val = list(read_jsonl(PREPARED / "val.jsonl"))
     check = spread(val, cfg.check_episodes)
+    confirm = spread(val, gate.episodes)  # the gate's own sample size (0: all of val)
     test_tasks = spread([Task.from_dict(e["task"]) for e in read_jsonl(PREPARED / "test.jsonl")], cfg.eval_tasks)
 
     dataset = SFTDataset(train, policy.template, tokenizer, params.roles.privileged_dropout, cfg.seed,
@@ -123,7 +125,8 @@ def run(params: Params) -> dict[str, Path]:
 
     class GateWatch(L.Callback):
         """After each epoch: rehearsal accuracy on an even spread of val (the curve). From
-        `min_epochs` on, when that spread passes, confirm on all of val and stop if it passes.
+        `min_epochs` on, when that spread passes, confirm on val (`gate.episodes` of it, an even
+        spread; 0: all) and stop if it passes.
         Every rank measures the same (identical weights, greedy), so all stop together."""
 
         def on_train_epoch_end(self, trainer, pl_module):
@@ -133,7 +136,7 @@ def run(params: Params) -> dict[str, Path]:
             acc, core, passes = gate_status(check, max(1, round(gate.min_tool_examples * share)))
             confirmed = False
             if passes and epoch >= cfg.min_epochs:
-                confirmed = gate_status(val, gate.min_tool_examples)[2] if check is not val else passes
+                confirmed = gate_status(confirm, gate.min_tool_examples)[2] if check is not confirm else passes
             epochs.append({"epoch": epoch, "val_rehearsal_exact": acc["exact"], "val_rehearsal_field": acc["field"],
                            "val_min_core_tool": min(core.values(), default=0.0),
                            "seconds": round(time.perf_counter() - start, 1)})
@@ -142,7 +145,7 @@ def run(params: Params) -> dict[str, Path]:
             if trainer.is_global_zero:
                 print(f"epoch {epoch} ({time.perf_counter() - start:.0f}s): val rehearsal exact {acc['exact']:.3f}, "
                       f"weakest tool {weakest} {core.get(weakest, 0.0):.3f}"
-                      f"{' — gate passes on all of val, stopping' if confirmed else ''}", flush=True)
+                      f"{' — gate passes on val, stopping' if confirmed else ''}", flush=True)
             trainer.should_stop = confirmed
             dataset.resample(epoch)  # redraw the privileged dropout
 
