@@ -129,17 +129,10 @@ class TrainerConfig(Section):
     """Processes on this machine (one per GPU; on the CPU, each gets a share of the cores)."""
     strategy: Literal["auto", "ddp", "fsdp"] = "auto"
     """`ddp`: every rank holds the model, plays its share of the rollouts and gradients are
-    summed. `fsdp` (sharded weights) is not available yet: refused with the reason."""
+    summed. `fsdp`: the decoder layers' weights, gradients and optimizer state are sharded; each
+    rank generates with an unsharded replica refreshed from the shards before each rollout."""
     precision: Literal["auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed"] = "auto"
     """`auto`: bf16-mixed on a GPU, 32-true on the CPU; training, rollouts and evaluation alike."""
-
-    @model_validator(mode="after")
-    def _no_fsdp_yet(self):
-        if self.strategy == "fsdp":
-            raise ValueError("trainer.strategy fsdp is not available yet: rollouts and the per-epoch gate generate "
-                             "with the full weights on every rank, which sharded weights do not give without a "
-                             "gather per step; use ddp (every rank holds the model)")
-        return self
 
 
 class RolesConfig(Section):

@@ -1,5 +1,6 @@
-"""Data parallelism on the CPU: 2 processes (DDP over gloo) take the same steps as 1 process
-with the same global batch, end with equal weights on both ranks, and write one MLflow run."""
+"""Data parallelism on the CPU: 2 processes (DDP, and FSDP, over gloo) take the same steps as
+1 process with the same global batch, end with equal weights on both ranks, and write one
+MLflow run."""
 
 import json
 import os
@@ -54,12 +55,12 @@ def warmed(prepared_dir, tmp_path_factory):
     return root
 
 
-def _run(project, stage, devices, tmp_path, variant=None, **sections):
+def _run(project, stage, devices, tmp_path, variant=None, strategy="ddp", **sections):
     """`python -m envace.stages.<stage>` on `devices` CPU processes, its own MLflow store."""
-    trainer = {"accelerator": "cpu", "devices": devices, "strategy": "ddp" if devices > 1 else "auto"}
-    params = tmp_path / f"params-{stage}-{devices}.yaml"
+    trainer = {"accelerator": "cpu", "devices": devices, "strategy": strategy if devices > 1 else "auto"}
+    params = tmp_path / f"params-{stage}-{devices}-{strategy}.yaml"
     params.write_text(yaml.safe_dump(_params(trainer=trainer, **sections).model_dump()))
-    store = tmp_path / f"mlflow-{stage}-{devices}.db"
+    store = tmp_path / f"mlflow-{stage}-{devices}-{strategy}.db"
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
     env.pop("ENVACE_MLFLOW_RUN_ID", None)
     cmd = [sys.executable, "-m", f"envace.stages.{stage}", "--params", str(params), *(["--variant", variant] if variant else [])]
@@ -86,12 +87,19 @@ def _mlflow_runs(store):
 GRPO = {"steps": 3, "tasks_per_step": 5, "group_size": 4, "process_reward": 1.0, "chunk_rows": 4, "kl_coef": 0.1}
 
 
-def test_grpo_on_two_processes_takes_the_steps_of_one(warmed, tmp_path):
-    one = tmp_path / "one"
-    _run(warmed, "train", 1, tmp_path, "envace", train=GRPO)
-    shutil.copytree(warmed / "models/train/envace", one)
-    single = json.loads((warmed / "metrics/train/envace.json").read_text())
-    store = _run(warmed, "train", 2, tmp_path, "envace", train=GRPO)
+@pytest.fixture(scope="module")
+def grpo_one_process(warmed, tmp_path_factory):
+    """GRPO on one process: the reference both strategies must match."""
+    out = tmp_path_factory.mktemp("grpo-one")
+    _run(warmed, "train", 1, out, "envace", train=GRPO)
+    shutil.copytree(warmed / "models/train/envace", out / "model")
+    return out / "model", json.loads((warmed / "metrics/train/envace.json").read_text())
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_grpo_on_two_processes_takes_the_steps_of_one(warmed, grpo_one_process, tmp_path, strategy):
+    one, single = grpo_one_process
+    store = _run(warmed, "train", 2, tmp_path, "envace", strategy, train=GRPO)
     double = json.loads((warmed / "metrics/train/envace.json").read_text())
 
     assert double["ranks"] == 2 and double["rank_divergence"] == 0.0  # both ranks end with equal weights
@@ -107,12 +115,13 @@ def test_grpo_on_two_processes_takes_the_steps_of_one(warmed, tmp_path):
     assert len(_mlflow_runs(store)) == 1  # rank 0 alone logs
 
 
-def test_warmup_on_two_processes_takes_the_steps_of_one(warmed, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_warmup_on_two_processes_takes_the_steps_of_one(warmed, tmp_path, strategy):
     twin = tmp_path / "twin"
     shutil.copytree(warmed, twin, ignore=shutil.ignore_patterns("checkpoints", "models/warmup"))
     short = {**MEMORISE["warmup"], "max_epochs": 4, "batch_size": 6}  # batches of 6, 6, 4: split 3/3, 3/3, 2/2
     _run(warmed, "warmup", 1, tmp_path, warmup=short)
-    store = _run(twin, "warmup", 2, tmp_path, warmup=short)
+    store = _run(twin, "warmup", 2, tmp_path, strategy=strategy, warmup=short)
     assert json.loads((twin / "metrics/warmup.json").read_text())["ranks"] == 2
     w1, w2 = _weights(warmed / "models/warmup"), _weights(twin / "models/warmup")
     for k in w1:

@@ -82,7 +82,7 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
                           f"(checksums differ by {module.rank_divergence:.3g})")
     if variant == "envace" and module.real_calls:
         raise StageFailed(f"envace made {module.real_calls} real-backend calls in training; it must make none")
-    model.eval()
+    model = policy.model.eval()  # under FSDP the replica, which holds the final weights
     save(model, tokenizer, out_dir)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     write_json(metrics_path, {"variant": variant, "steps": cfg.steps, "real_env_calls_train": module.real_calls,

@@ -91,12 +91,12 @@ def run(params: Params) -> dict[str, Path]:
 
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=GlobalBatches(), collate_fn=collate_share)
     module = WarmupModule(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, len(loader) * cfg.max_epochs, cfg.lambda_env,
-                          cfg.min_lr_ratio)
+                          cfg.min_lr_ratio, policy)
     epochs: list[dict] = []
     start = time.perf_counter()
 
     def gate_status(episodes: list[dict], min_examples: int) -> tuple[dict, dict[str, float], bool]:
-        model.eval()
+        policy.model.eval()
         acc = rehearsal_accuracy(policy, episodes, privileged=True, max_new_tokens=params.rollout.max_new_tokens)
         model.train()
         core = core_tools(acc["per_tool"], min_examples)
@@ -106,7 +106,7 @@ def run(params: Params) -> dict[str, Path]:
         """What the roles can do now: parse rates, rehearsal exact (per tool) on the check spread,
         ACT's greedy success in the real backends — before training and after it. → (summary,
         the full real-backend result)."""
-        model.eval()
+        policy.model.eval()
         acc = rehearsal_accuracy(policy, check, privileged=True, max_new_tokens=params.rollout.max_new_tokens)
         real = real_success(policy, test_tasks, params.rollout)
         model.train()
@@ -121,6 +121,7 @@ def run(params: Params) -> dict[str, Path]:
 
         def on_train_start(self, trainer, pl_module):
             if trainer.global_step == 0:  # not when resuming
+                pl_module.refresh()
                 before.update(skills()[0])
 
     class GateWatch(L.Callback):
@@ -131,6 +132,7 @@ def run(params: Params) -> dict[str, Path]:
 
         def on_train_epoch_end(self, trainer, pl_module):
             epoch = trainer.current_epoch + 1
+            pl_module.refresh()
             # the spread holds ~1/k of val's calls: judge tools with ~1/k of the minimum
             share = min(1.0, len(check) / max(1, len(val)))
             acc, core, passes = gate_status(check, max(1, round(gate.min_tool_examples * share)))
@@ -165,7 +167,7 @@ def run(params: Params) -> dict[str, Path]:
         raise StageFailed(f"the {trainer.world_size} data-parallel ranks ended with different weights "
                           f"(checksums differ by {module.rank_divergence:.3g})")
     wall = time.perf_counter() - start
-    model.eval()
+    model = policy.model.eval()  # under FSDP the replica, which holds the final weights
     save(model, tokenizer, MODEL_DIR)
     after, real = skills()
     write_csv(EPOCH_PLOT, epochs)

@@ -38,7 +38,7 @@ from envace.domains.base import Task
 from envace.roles import ACT, REHEARSE, ROLE_IDS
 from envace.rollout.generate import mix64
 from envace.rollout.runner import SIMULATOR, Episode, EpisodeRunner, ModelResponder, Policy, RealResponder
-from envace.train import rank_divergence
+from envace.train import is_sharded_strategy, rank_divergence, shard, sync_replica
 from envace.train.data import collate
 from envace.train.losses import ACT_ID, REHEARSE_ID, grpo_role_loss, leak_mass, role_advantages, role_targets, token_weights
 
@@ -150,6 +150,21 @@ class GRPOModule(L.LightningModule):
         self.real_calls = 0
         self.history: list[dict] = []
         self.rank_divergence = 0.0
+        object.__setattr__(self, "replica", None)  # FSDP: what generates (not a submodule: never trained)
+
+    def configure_model(self) -> None:
+        """Under FSDP: train the sharded model, generate with an unsharded replica (`refresh`)."""
+        if is_sharded_strategy(self.trainer) and self.replica is None:
+            self.model, replica = shard(self.model, self.trainer.strategy)
+            object.__setattr__(self, "replica", replica)
+            self.policy.model = replica
+            if self.reference is not None:
+                self.reference.to(self.trainer.strategy.root_device)
+
+    def refresh(self) -> None:
+        """Under FSDP: the replica takes the current weights (every rank: a gather)."""
+        if self.replica is not None:
+            sync_replica(self.model, self.replica)
 
     def sample_tasks(self, step: int, rank: int = 0, world: int = 1) -> tuple[list[Task], torch.Tensor, list[int]]:
         """This rank's share of step `step`'s episodes: (tasks [E], task group of each [E], and
@@ -165,7 +180,8 @@ class GRPOModule(L.LightningModule):
     def training_step(self, batch, batch_idx):
         start, step = time.perf_counter(), len(self.history)  # global_step counts optimizer steps (ppo_epochs each)
         tasks, task_of, streams = self.sample_tasks(step, self.global_rank, self.trainer.world_size)
-        self.model.eval()
+        self.refresh()
+        self.policy.model.eval()
         with torch.no_grad():
             episodes = self.runner.run(tasks, streams)
         gen_s = time.perf_counter() - start
@@ -187,7 +203,10 @@ class GRPOModule(L.LightningModule):
             with no_reducer():  # DDP's reducer stays out of the chunks' backward: we sum once, below
                 parts = self._backward(rows, episode_of, counts, advantages, norms, old, ref)
             self._sync_gradients()
-            self.clip_gradients(opt, gradient_clip_val=self.cfg.grad_clip, gradient_clip_algorithm="norm")
+            if self.replica is not None:  # FSDP: the norm over every rank's shards
+                self.model.clip_grad_norm_(self.cfg.grad_clip)
+            else:
+                self.clip_gradients(opt, gradient_clip_val=self.cfg.grad_clip, gradient_clip_algorithm="norm")
             opt.step()
         self._record(step, episodes, rewards, advantages, parts, gen_s)
 
@@ -213,7 +232,9 @@ class GRPOModule(L.LightningModule):
         self.log("reward", metrics["reward"], prog_bar=True, batch_size=len(episodes))
 
     def on_train_end(self) -> None:
-        self.rank_divergence = rank_divergence(self)  # 0.0: every rank ends with the same weights
+        self.refresh()
+        weights = self.replica.parameters() if self.replica is not None else None
+        self.rank_divergence = rank_divergence(self, weights)  # 0.0: every rank ends with the same weights
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["grpo"] = {"history": self.history, "real_calls": self.real_calls}
@@ -222,6 +243,16 @@ class GRPOModule(L.LightningModule):
         self.history, self.real_calls = checkpoint["grpo"]["history"], checkpoint["grpo"]["real_calls"]
 
     # ---------------------------------------------------------------- data parallelism
+
+    def _max(self, value: int) -> int:
+        """The largest `value` over the data-parallel ranks."""
+        if self.trainer.world_size == 1:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor(value, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t)
 
     def _sum(self, values: torch.Tensor) -> torch.Tensor:
         """`values` summed over the data-parallel ranks (as they are with one process)."""
@@ -234,8 +265,9 @@ class GRPOModule(L.LightningModule):
 
     def _sync_gradients(self) -> None:
         """Sum the ranks' gradients (each rank's loss is already normalised by the global counts),
-        in one collective: a rank that played no episode contributes zeros, never skips it."""
-        if self.trainer.world_size > 1:
+        in one collective: a rank that played no episode contributes zeros, never skips it.
+        (FSDP reduces its shards' gradients itself, in the backward.)"""
+        if self.trainer.world_size > 1 and self.replica is None:
             import torch.distributed as dist
 
             params = [p for p in self.model.parameters() if p.requires_grad]
@@ -251,14 +283,18 @@ class GRPOModule(L.LightningModule):
 
     def _forward(self, rows, model):
         """(logits [N, V], targets [N], who [N], row [N]) for rows, `chunk_rows` at a time,
-        shortest first (little padding); the same order on every call."""
+        shortest first (little padding); the same order on every call. Under FSDP every rank
+        runs as many forward passes (its collectives must pair up): a rank with fewer chunks
+        adds empty ones (a row without targets)."""
         order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
-        for lo in range(0, len(rows), self.cfg.chunk_rows):
-            chunk = order[lo : lo + self.cfg.chunk_rows]
-            b = collate([rows[i] for i in chunk], self.policy.pad_id)
+        chunks = [order[lo : lo + self.cfg.chunk_rows] for lo in range(0, len(rows), self.cfg.chunk_rows)]
+        if self.replica is not None and model is self.model:
+            chunks += [[]] * (int(self._max(len(chunks))) - len(chunks))
+        for chunk in chunks:
+            b = collate([rows[i] for i in chunk] or [([self.policy.pad_id] * 2, [0, 0])], self.policy.pad_id)
             logits, targets, who, row = role_targets(model, b["input_ids"].to(self.device),
                                                      b["attention_mask"].to(self.device), b["roles"].to(self.device))
-            yield logits, targets, who, torch.tensor(chunk, device=row.device)[row]
+            yield logits, targets, who, torch.tensor(chunk, dtype=torch.long, device=row.device)[row]
 
     def _logprobs(self, rows, model) -> torch.Tensor:
         with torch.no_grad():
@@ -293,7 +329,7 @@ class GRPOModule(L.LightningModule):
             act = who == ACT_ID
             if self.cfg.leak_coef and act.any() and self.leak_ids.numel():
                 loss = loss + self.cfg.leak_coef * leak_mass(logits[act], self.leak_ids).sum() / norms[2].item()
-            self.manual_backward(loss)
+            self.manual_backward(loss * (self.trainer.world_size if self.replica is not None else 1))  # FSDP averages
             totals["loss"] += float(loss.detach())
             totals["tokens"] += float(len(logp))
         return totals

@@ -22,12 +22,23 @@ def role_targets(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, r
     input_ids, attention_mask, roles: [B, T]; roles[b, t] is the role that wrote token t.
     Returns logits [N, V], targets [N], who [N] (role id), row [N] (batch row).
     """
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
     target_roles = roles[:, 1:]  # [B, T-1]: who wrote the token being predicted
     selected = target_roles > 0  # [B, T-1]
     row = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None].expand_as(selected)[selected]  # [N]
-    logits = model.get_output_embeddings()(hidden[:, :-1][selected]).float()  # [N, V]
+    if _sharded(model):  # FSDP: the embeddings and the head are gathered only by the root's forward
+        keep = selected.any(0).nonzero().squeeze(-1)  # [K] positions some row predicts from
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits  # [B, K, V]
+        logits = logits[selected[:, keep]].float()  # [N, V]
+    else:
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+        logits = model.get_output_embeddings()(hidden[:, :-1][selected]).float()  # [N, V]
     return logits, input_ids[:, 1:][selected], target_roles[selected], row
+
+
+def _sharded(model) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(model, FullyShardedDataParallel)
 
 
 def role_nll(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, roles: torch.Tensor) -> dict[str, torch.Tensor]:

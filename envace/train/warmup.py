@@ -13,22 +13,47 @@ import lightning as L
 import torch
 
 from envace.io import write_csv
-from envace.train import rank_divergence
+from envace.train import is_sharded_strategy, rank_divergence, shard, sync_replica
 from envace.train.losses import warmup_loss
 
 
 class WarmupModule(L.LightningModule):
+    """SFT of `model`. `policy` (optional) generates for the measurements: under FSDP its model
+    becomes the unsharded replica, refreshed by `refresh()` before each measurement."""
+
     def __init__(self, model, lr: float, weight_decay: float, warmup_steps: int, total_steps: int, lambda_env: float,
-                 min_lr_ratio: float = 0.1):
+                 min_lr_ratio: float = 0.1, policy=None):
         super().__init__()
         self.model = model
         self.min_lr_ratio = min_lr_ratio
         self.lr, self.weight_decay = lr, weight_decay
         self.warmup_steps, self.total_steps, self.lambda_env = warmup_steps, max(total_steps, 1), lambda_env
         self.rank_divergence = 0.0
+        self.policy = policy
+        object.__setattr__(self, "replica", None)  # not a submodule: never trained nor checkpointed
+
+    def configure_model(self) -> None:
+        if is_sharded_strategy(self.trainer) and self.replica is None:
+            self.model, replica = shard(self.model, self.trainer.strategy)
+            object.__setattr__(self, "replica", replica)
+            if self.policy is not None:
+                self.policy.model = replica
+
+    def refresh(self) -> None:
+        """Under FSDP: the replica takes the current weights (every rank: a gather)."""
+        if self.replica is not None:
+            sync_replica(self.model, self.replica)
 
     def on_train_end(self) -> None:
-        self.rank_divergence = rank_divergence(self)  # 0.0: every rank ends with the same weights
+        self.refresh()
+        weights = self.replica.parameters() if self.replica is not None else None
+        self.rank_divergence = rank_divergence(self, weights)  # 0.0: every rank ends with the same weights
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        if self.replica is not None and gradient_clip_val:  # FSDP: the norm over every rank's shards
+            self.model.clip_grad_norm_(gradient_clip_val)
+        else:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def training_step(self, batch, batch_idx):
         parts = warmup_loss(self.model, batch, self.lambda_env)
@@ -38,7 +63,6 @@ class WarmupModule(L.LightningModule):
             if parts[f"{role}_tokens"]:
                 self.log(f"train/{role}_loss", parts[role], prog_bar=True, batch_size=n)
         return parts["loss"]
-
 
     def configure_optimizers(self):
         params = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters only
