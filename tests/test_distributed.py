@@ -127,3 +127,16 @@ def test_warmup_on_two_processes_takes_the_steps_of_one(warmed, tmp_path, strate
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4)
     assert len(_mlflow_runs(store)) == 1
+
+
+def test_a_rank_without_episodes_still_takes_part(warmed, tmp_path):
+    """One task group over 2 ranks: rank 1 plays nothing, yet joins every collective (its zero
+    gradients included), so nothing hangs and both ranks end where one process does."""
+    small = {**GRPO, "tasks_per_step": 1, "steps": 2}
+    _run(warmed, "train", 1, tmp_path, "envace", train=small)
+    one = _weights(warmed / "models/train/envace")
+    _run(warmed, "train", 2, tmp_path, "envace", train=small)
+    two = _weights(warmed / "models/train/envace")
+    assert json.loads((warmed / "metrics/train/envace.json").read_text())["rank_divergence"] == 0.0
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], atol=1e-5, rtol=1e-4)

@@ -297,8 +297,10 @@ class GRPOModule(L.LightningModule):
             yield logits, targets, who, torch.tensor(chunk, dtype=torch.long, device=row.device)[row]
 
     def _logprobs(self, rows, model) -> torch.Tensor:
+        """Log-probs of every target token of `rows`, in `_forward`'s order. → [S] (empty: no rows)"""
         with torch.no_grad():
-            return torch.cat([-F.cross_entropy(lg, t, reduction="none") for lg, t, _, _ in self._forward(rows, model)])
+            parts = [-F.cross_entropy(lg, t, reduction="none") for lg, t, _, _ in self._forward(rows, model)]
+        return torch.cat(parts) if parts else torch.zeros(0, device=self.device)
 
     def _backward(self, rows, episode_of, counts, advantages, norms, old, ref) -> dict:
         """Backward of the whole loss, one chunk at a time (gradients accumulate); returns its
