@@ -65,6 +65,18 @@ def where_to_look(root: Path, summary: dict) -> str:
         for name, v in json.loads(evaluation.read_text())["variants"].items():
             lines.append(f"evaluate {name:<10} success {v['success']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}] "
                          f"on {v['n']} held-out tasks; real-backend calls in training {v['real_env_calls_train']}")
+    rehearse = root / "metrics" / "rehearse.json"
+    if "rehearse" in ran and rehearse.exists():
+        r = json.loads(rehearse.read_text())
+        for name, modes in r["curve"].items():
+            best = max(((mode, n, p) for mode, points in modes.items() for n, p in points.items() if n != "0"),
+                       key=lambda x: x[2]["gain"], default=None)
+            g = r["guard"][name]
+            if best:
+                lines.append(f"rehearse {name:<8} best private-rehearsal gain {best[2]['gain']:+.3f} "
+                             f"[{best[2]['gain_ci_low']:+.3f}, {best[2]['gain_ci_high']:+.3f}] ({best[0]}, N={best[1]}); "
+                             f"guard recall {g['informed']['recall']} / false holds {g['informed']['false_hold']} "
+                             f"(informed); harmful real actions {g['harmful_executed_off']} -> {g['harmful_executed_on']}")
     lines += [
         "",
         "Where to look:",
@@ -97,6 +109,12 @@ def _serve(args) -> int:
     from flows.serve import serve
 
     return serve(root, args.only)
+
+
+def _act(args) -> int:
+    from envace.act import act
+
+    return act(args)
 
 
 def _check_params(args) -> int:
@@ -132,6 +150,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--project-dir", default=".", help="project root holding dvc.yaml and params.yaml")
     p.add_argument("--only", choices=("prefect", "mlflow", "worker"), help="run one part alone (docker/compose.yaml)")
     p.set_defaults(func=_serve)
+    p = sub.add_parser("act", help="play one task with the trained agent: private rehearsal first, the guard "
+                       "on high-risk calls")
+    p.add_argument("task", help="a test task id (data/prepared/test.jsonl) or a task JSON file")
+    p.add_argument("--model", default="models:/envace-agent@champion",
+                   help="a model directory or a registry URI (default: models:/envace-agent@champion)")
+    p.add_argument("--rehearse", type=int, default=0, metavar="N", help="private rehearsals before acting (default 0)")
+    p.add_argument("--mode", choices=("parallel", "sequential"), default="parallel", help="how they are sampled")
+    p.add_argument("--guard", action="store_true", help="rehearse every high-risk call first; hold a bad one")
+    answer = p.add_mutually_exclusive_group()
+    answer.add_argument("--yes", action="store_true", help="run held calls anyway (scripts)")
+    answer.add_argument("--no", action="store_true", help="keep held calls held (scripts)")
+    p.add_argument("--seed", type=int, default=0, help="random stream of the private rehearsals")
+    p.add_argument("--no-trace", action="store_true", help="do not log the episode as an MLflow trace")
+    p.add_argument("--params", default="params.yaml")
+    p.add_argument("--project-dir", default=".", help="project root (its MLflow store and test split)")
+    p.set_defaults(func=_act)
     p = sub.add_parser("check-params", help="validate params.yaml against the typed config")
     p.add_argument("--params", default="params.yaml")
     p.set_defaults(func=_check_params)

@@ -138,6 +138,8 @@ class TrainerConfig(Section):
 class RolesConfig(Section):
     privileged_dropout: float = Field(0.2, ge=0, le=1)
     """Probability of dropping the privileged scenario facts from a REHEARSE input in training."""
+    memory_episodes: int = Field(2, ge=1)
+    """Imagined episodes a rehearsal memory keeps (distinct ones), in training and at test time."""
 
 
 class RolloutConfig(Section):
@@ -212,6 +214,12 @@ class TrainConfig(Section):
     process_reward: float = Field(0.0, ge=0)
     """Weight of the per-step process reward added to the binary outcome (0 = outcome only)."""
     temperature: float = Field(1.0, gt=0)
+    memory_rate: float = Field(0.5, ge=0, le=1)
+    """`envace` only: share of task groups that train ACT with a rehearsal memory (half the
+    group rehearses privately without facts, the other half reads their memory; 0 = off)."""
+    memory_examples: int = Field(6000, ge=0)
+    """`envace` with memory training: logged examples of ACT's supervised start on reading a
+    memory, before GRPO (`envace.train.memory`; 0 = none: GRPO alone)."""
     chunk_rows: int = Field(64, gt=0)
     """Rows (generations) per forward/backward chunk of the update: bounds memory, not the result."""
     seed: int = 0
@@ -234,6 +242,36 @@ class GateConfig(Section):
     min_tool_examples: int = Field(20, ge=1)
     """A tool is *core* when the held-out data holds at least this many of its calls."""
     max_examples: int = Field(3, ge=1)
+
+
+class RehearseConfig(Section):
+    """Stage `rehearse`: test-time private rehearsal budgets and the guard, in the real backends."""
+
+    tasks: int = Field(300, ge=0)
+    """Test tasks, an even spread (0 = all of them); the report lists their ids."""
+    budgets: list[int] = [0, 1, 2, 4, 8]
+    """Private rehearsals before the real episode; 0 must be among them (the paired baseline)."""
+    modes: list[Literal["parallel", "sequential"]] = ["parallel", "sequential"]
+    models: list[Literal["sft", "real_env", "simulator", "envace"]] = ["sft", "envace"]
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the imagined episodes (the real episode is greedy)."""
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _baseline(self):
+        if 0 not in self.budgets or any(n < 0 for n in self.budgets) or len(set(self.budgets)) != len(self.budgets):
+            raise ValueError(f"budgets {self.budgets}: distinct, non-negative, and 0 (the baseline) among them")
+        if not self.modes or not self.models:
+            raise ValueError("modes and models: at least one each")
+        return self
+
+
+class GuardConfig(Section):
+    """The guard on high-risk calls (stage `rehearse`, `envace act --guard`, the registered model)."""
+
+    on_hold: Literal["ask", "revise"] = "revise"
+    """A held call waits for a person (`ask`: the episode stops there) or goes back to ACT
+    with its rehearsed outcome (`revise`)."""
 
 
 class RegistryConfig(Section):
@@ -271,6 +309,8 @@ class Params(Section):
     gate: GateConfig = GateConfig()
     train: TrainConfig = TrainConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    rehearse: RehearseConfig = RehearseConfig()
+    guard: GuardConfig = GuardConfig()
     registry: RegistryConfig = RegistryConfig()
     serve: ServeConfig = ServeConfig()
 

@@ -36,8 +36,24 @@ def as_tasks(model_input) -> list[dict]:
     return [json.loads(t) if isinstance(t, str) else t for t in model_input]
 
 
+PREDICT_PARAMS = {"rehearse": 0, "mode": "parallel", "guard": False, "on_hold": "revise", "seed": 0}
+"""`predict`'s options (`params=`), as `envace act` takes them: private rehearsals before the
+real episode, their mode, the guard on high-risk calls and what it does with a held call."""
+
+
+def signature():
+    """No input schema (tasks are nested JSON: a dict, a list, or a `task` column); the
+    options as a params schema, which MLflow requires before it passes `params` on."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ParamSchema, ParamSpec
+
+    kinds = {int: "long", str: "string", bool: "boolean"}
+    return ModelSignature(params=ParamSchema([ParamSpec(k, kinds[type(v)], v) for k, v in PREDICT_PARAMS.items()]))
+
+
 class EnvaceAgent(mlflow.pyfunc.PythonModel):
-    """The agent: predict(tasks) → one episode per task in its domain's real backend."""
+    """The agent: predict(tasks, params) → one episode per task in its domain's real backend,
+    after `rehearse` private rehearsals and with the guard when `guard` is true."""
 
     def load_context(self, context):
         from envace.config import RolloutConfig, TrainerConfig
@@ -47,19 +63,27 @@ class EnvaceAgent(mlflow.pyfunc.PythonModel):
         self.policy = load_policy(context.artifacts["model"], TrainerConfig(**config.get("trainer", {})),
                                   config.get("max_seq_len", 0), base=context.artifacts.get("base"))
         self.rollout = RolloutConfig(**config.get("rollout", {}))
+        self.memory_episodes = config.get("memory_episodes", 2)
 
     def predict(self, context, model_input, params=None) -> list[dict]:
         import torch
 
         from envace.domains.base import Task
-        from envace.rollout.runner import EpisodeRunner, RealResponder
+        from envace.rehearsal import Guard, play
 
+        options = {**PREDICT_PARAMS, **(params or {})}
+        if options["mode"] not in ("parallel", "sequential"):
+            raise ValueError(f"params mode: expected 'parallel' or 'sequential', not {options['mode']!r}")
         tasks = [Task.from_dict(t) for t in as_tasks(model_input)]
+        guard = Guard(self.policy, self.rollout.max_new_tokens, options["on_hold"]) if options["guard"] else None
         with torch.no_grad():
-            # greedy, as `evaluate` measures it (the rollout's temperature is the training one)
-            episodes = EpisodeRunner(self.policy, RealResponder(), self.rollout, temperature=0.0).run(tasks)
+            # the real episode is greedy, as `evaluate` measures it; rehearsals sample
+            episodes, imagined = play(self.policy, tasks, self.rollout, int(options["rehearse"]), options["mode"], guard,
+                                      self.memory_episodes, seed=int(options["seed"]))
         return [{"task_id": e.task.id, "success": bool(e.success), "answer": _answer(e.messages),
-                 "failure": e.failure, "messages": e.messages} for e in episodes]
+                 "failure": e.failure, "messages": e.messages, "private_rehearsals": len(rehearsals),
+                 "held": [v.to_dict() for v in e.reviews if v.hold and not v.confirmed]}
+                for e, rehearsals in zip(episodes, imagined)]
 
 
 def _answer(messages: list[dict]) -> str | None:
@@ -101,7 +125,7 @@ def log_agent(model_dir: Path, config: dict, run_name: str, tags: dict[str, str]
                           parent_run_id=os.environ.get("ENVACE_MLFLOW_RUN_ID")) as run:
         info = mlflow.pyfunc.log_model(
             name="agent", python_model=EnvaceAgent(), artifacts=artifacts,
-            model_config=config, code_paths=[str(Path(envace.__file__).parent)],
+            model_config=config, code_paths=[str(Path(envace.__file__).parent)], signature=signature(),
             pip_requirements=_requirements())
     return run.info.run_id, info.model_uri
 
@@ -118,7 +142,7 @@ def register(model_dir: Path, success: float, tasks: list[dict], config: dict, m
              tags: dict[str, str]) -> Registration:
     """New version of `model_name` (alias `challenger`); `champion` moves to it only if
     `success` beats the current champion's success on the same `tasks`. `config` is the
-    agent's `model_config`: {"rollout", "trainer", "max_seq_len"}."""
+    agent's `model_config`: {"rollout", "trainer", "max_seq_len", "memory_episodes"}."""
     client = MlflowClient()
     run_id, model_uri = log_agent(model_dir, config, f"register-{model_name}", {"stage": "register"})
     try:

@@ -8,6 +8,11 @@ writes one JSON response. Its input is a conversation with the calls, so one tra
 sequence holds every response of an episode (each a target) and the prompt for call k is
 exactly that sequence's prefix.
 
+At test time ACT may also see a *rehearsal memory*: imagined episodes of the same task,
+played privately before the real one (`envace.rehearsal`), each as its plan (`plan_text`).
+It is context before the request, so from the request on ACT's input reads as it always
+does.
+
 A rendered input is a list of `Segment`s: text plus the role that generated it (None for
 context). Tokenizing segment by segment gives the token-level role masks that decide
 what each loss trains on — prompt and tool tokens are never trained.
@@ -67,6 +72,30 @@ def act_text(message: dict) -> str:
     return compact_json({"answer": message["answer"]})
 
 
+def plan_text(messages: list[dict], tools: list[dict]) -> str:
+    """An imagined episode as a memory entry: what it looked up before its first irreversible
+    call or its answer — each lookup's tool name, followed by the error code when its
+    rehearsed response was an error. No values (imagined values are often wrong, and a small
+    model copies what it sees) and no decision (the real episode decides on real responses).
+
+    >>> tools = [{"function": {"name": "transfer"}, "risk": "high"}]
+    >>> plan_text([{"role": "act", "calls": [{"name": "get_balance", "arguments": {"account_id": "A1"}}]},
+    ...            {"role": "tool", "name": "get_balance", "response": {"error": {"code": "unknown_account"}}},
+    ...            {"role": "act", "calls": [{"name": "transfer", "arguments": {}}]},
+    ...            {"role": "tool", "name": "transfer", "response": {"status": "completed"}}], tools)
+    'get_balance unknown_account'
+    """
+    high = {t["function"]["name"] for t in tools if t.get("risk") == "high"}
+    words = []
+    for m in messages:
+        if m["role"] == "act" and ("answer" in m or any(c["name"] in high for c in m["calls"])):
+            break
+        if m["role"] == "tool":
+            error = m["response"].get("error") if isinstance(m["response"], dict) else None
+            words.append(m["name"] + (f" {error.get('code', 'error')}" if isinstance(error, dict) else ""))
+    return " ".join(words)
+
+
 def _pairs(messages: list[dict]) -> list[tuple[dict, list[dict]]]:
     """Split messages after the user's into (act message, the tool messages answering it)."""
     out: list[tuple[dict, list[dict]]] = []
@@ -92,17 +121,21 @@ class MinimalTemplate:
     def __init__(self, bos: str = "<s>"):
         self.bos = bos
 
-    def act(self, tools: list[dict], request: str, messages: list[dict], train: bool = True) -> list[Segment]:
-        """ACT's context over a whole episode; with `train`, every act message is a target."""
-        segs = [Segment(f"{self.bos}<|act|>{' '.join(signature(t) for t in tools)}<|user|>{request}")]
+    def act(self, tools: list[dict], request: str, messages: list[dict], train: bool = True,
+            memory: list[list[dict]] | None = None) -> list[Segment]:
+        """ACT's context over a whole episode; with `train`, every act message is a target.
+        A rehearsal memory comes before the request, each imagined episode after `<|rehearse|>`:
+        from the request on, the context reads as it does without one."""
+        rehearsed = "".join(f"<|rehearse|>{plan_text(m, tools)}" for m in memory or [])
+        segs = [Segment(f"{self.bos}<|act|>{' '.join(signature(t) for t in tools)}{rehearsed}<|user|>{request}")]
         for act_msg, tool_msgs in _pairs(messages):
             segs.append(Segment("<|act|>"))
             segs.append(Segment(act_text(act_msg) + self.end, ACT if train else None))
             segs += [Segment(f"<|tool|>{model_json(t['response'])}") for t in tool_msgs]
         return segs
 
-    def act_prompt(self, tools, request, messages) -> list[Segment]:
-        return self.act(tools, request, messages, train=False) + [Segment("<|act|>")]
+    def act_prompt(self, tools, request, messages, memory: list[list[dict]] | None = None) -> list[Segment]:
+        return self.act(tools, request, messages, train=False, memory=memory) + [Segment("<|act|>")]
 
     def rehearse(self, tools: list[dict], request: str, steps: list[tuple], train: bool = True) -> list[Segment]:
         """REHEARSE's conversation: each step is (call, facts or None, response or None).
@@ -195,8 +228,11 @@ class ChatTemplate:
     def _system(self, header: str, tools: list[dict]) -> str:
         return header if self.native_tools else f"{header} Tools: {' '.join(signature(t) for t in tools)}"
 
-    def act(self, tools, request, messages, train: bool = True) -> list[Segment]:
-        chat = [{"role": "system", "content": self._system(ACT_SYSTEM, tools)}, {"role": "user", "content": request}]
+    def act(self, tools, request, messages, train: bool = True, memory: list[list[dict]] | None = None) -> list[Segment]:
+        rehearsed = "".join(f"\nRehearsal {i} (imagined), looked up: {plan_text(m, tools) or 'nothing'}"
+                            for i, m in enumerate(memory or [], 1))
+        chat = [{"role": "system", "content": self._system(ACT_SYSTEM, tools) + rehearsed},
+                {"role": "user", "content": request}]
         targets = set()
         for act_msg, tool_msgs in _pairs(messages):
             targets.add(len(chat))
@@ -205,8 +241,8 @@ class ChatTemplate:
                 chat.append({"role": "user", "content": "Tool responses: " + " ".join(model_json(t["response"]) for t in tool_msgs)})
         return self._segments(chat, targets if train else set(), ACT, tools if self.native_tools else None)
 
-    def act_prompt(self, tools, request, messages) -> list[Segment]:
-        return self.act(tools, request, messages, train=False)
+    def act_prompt(self, tools, request, messages, memory: list[list[dict]] | None = None) -> list[Segment]:
+        return self.act(tools, request, messages, train=False, memory=memory)
 
     def rehearse(self, tools, request, steps, train: bool = True) -> list[Segment]:
         chat = [{"role": "system", "content": self._system(REHEARSE_SYSTEM, tools)}]

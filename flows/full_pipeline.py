@@ -32,7 +32,8 @@ GATES = {
     "rehearsal_gate": ("rehearsal-gate", "reports/rehearsal_gate.md"),
 }
 # stage -> (artifact key, report file): results published as Prefect markdown artifacts.
-REPORTS = {"evaluate": ("evaluation", "reports/eval.md"), "register": ("registry", "reports/register.md")}
+REPORTS = {"evaluate": ("evaluation", "reports/eval.md"), "rehearse": ("rehearse", "reports/rehearse.md"),
+           "register": ("registry", "reports/register.md")}
 
 
 class StageError(RuntimeError):

@@ -185,11 +185,14 @@ def _experiment_id(base_url: str, name: str) -> str:
 
 
 def check_mlflow_ui(base_url: str, experiment_name: str, run_names: list[str], model_name: str,
-                    alias: str, out_dir: Path, deadline_s: float = 90) -> dict:
+                    alias: str, out_dir: Path, deadline_s: float = 90,
+                    trace: tuple[str, list[str]] | None = None) -> dict:
     """Render an MLflow 3 tracking server's UI and check what it shows:
     - the experiment's runs page (`#/experiments/<id>/runs`) lists every run in `run_names`;
     - the registered model's page (`#/models/<name>`) shows the model name and `alias`;
-    - both screenshots are real PNGs of the window size, over 10 kB.
+    - with `trace` (trace id, span names), the trace view (`#/experiments/<id>/traces/<trace id>`)
+      shows those spans;
+    - the screenshots are real PNGs of the window size, over 10 kB.
     Screenshots (and the DOMs, as .html) go to `out_dir`. Raises AssertionError naming what
     is missing; returns the URLs, screenshot paths and page texts."""
     base_url = base_url.rstrip("/")
@@ -200,6 +203,8 @@ def check_mlflow_ui(base_url: str, experiment_name: str, run_names: list[str], m
         "experiment": (f"{base_url}/#/experiments/{exp_id}/runs", [experiment_name, *run_names]),
         "model": (f"{base_url}/#/models/{urllib.parse.quote(model_name, safe='')}", [model_name, alias]),
     }
+    if trace is not None:
+        pages["trace"] = (f"{base_url}/#/experiments/{exp_id}/traces/{trace[0]}", trace[1])
     result: dict = {"experiment_id": exp_id}
     problems = []
     for page, (url, expected) in pages.items():

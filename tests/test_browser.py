@@ -109,12 +109,50 @@ def seed(url: str) -> dict[str, str]:
     return {name: run.info.run_id for name, run in runs.items()}
 
 
+SPANS = ["private rehearsal 1", "ACT", "REHEARSE get_balance", "TOOL get_balance", "GUARD transfer"]
+
+
+def seed_trace(url: str) -> str:
+    """An episode as `envace act` logs it: one private rehearsal, then the real episode whose
+    transfer the guard held (spans for ACT, REHEARSE, TOOL and GUARD)."""
+    import mlflow
+
+    from envace.domains import get_domain
+    from envace.domains.base import Checklist, Task
+    from envace.rehearsal.guard import Verdict
+    from envace.rehearsal.trace import log_trace
+    from envace.rollout.runner import Episode
+
+    task = Task("t-1", "bank", "transfer_insufficient", "Send 100 from Alice to Bob.", get_domain("bank").schemas(),
+                {"accounts": []}, Checklist([]))
+    balance = {"name": "get_balance", "arguments": {"account_id": "A12"}}
+    transfer = {"name": "transfer", "arguments": {"from_account": "A12", "to_account": "A34", "amount": 100}}
+
+    def episode(source, held):
+        messages = [{"role": "user", "content": task.request}, {"role": "act", "calls": [balance]},
+                    {"role": "tool", "name": "get_balance", "response": {"balance": 40}, "source": source},
+                    {"role": "act", "calls": [transfer], **({"held": [0]} if held else {})},
+                    {"role": "tool", "name": "transfer", "response": {"error": {"code": "held"}},
+                     "source": "guard" if held else source},
+                    {"role": "act", "answer": "Cannot send."}]
+        return Episode(task, messages)
+
+    real = episode("real", held=True)
+    real.reviews.append(Verdict(transfer, {"status": "completed"}, ["the balance of from_account is at least amount"],
+                                hold=True, reason="precondition false"))
+    mlflow.set_tracking_uri(url)
+    mlflow.set_experiment(EXPERIMENT)
+    return log_trace(real, [episode("rehearsed", held=False)], "envace")
+
+
 @pytest.mark.slow
-def test_mlflow_ui_shows_runs_and_model(chromium, mlflow_server, tmp_path):
+def test_mlflow_ui_shows_runs_model_and_an_episode_trace(chromium, mlflow_server, tmp_path):
     runs = seed(mlflow_server)
+    trace_id = seed_trace(mlflow_server)
     out = tmp_path / "screenshots"
     try:
-        result = check_mlflow_ui(mlflow_server, EXPERIMENT, list(runs), MODEL, "champion", out)
+        result = check_mlflow_ui(mlflow_server, EXPERIMENT, list(runs), MODEL, "champion", out,
+                                 trace=(trace_id, SPANS))
     finally:
         target = os.environ.get("ENVACE_SCREENSHOTS")
         if target and out.is_dir():  # kept for a human look, pass or fail

@@ -84,7 +84,7 @@ def _module(tokenizer, variant, **overrides):
 
     model = build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer)
     policy = Policy(model, tokenizer)
-    cfg = TrainConfig(tasks_per_step=2, group_size=2, **overrides)
+    cfg = TrainConfig(**{"tasks_per_step": 2, "group_size": 2, **overrides})
     rollout = RolloutConfig(max_turns=2, max_calls_per_turn=2, max_new_tokens=12, batch_size=8)
     leak = leak_words(['{"balance":120}'], ['[{"name":"get_balance","arguments":{"account_id":"A12"}}]'])
     simulator = Policy(build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
@@ -205,3 +205,20 @@ def test_the_chunked_backward_gives_the_gradient_of_the_whole_loss(tokenizer):
     assert len(rows) > 3 and grads[0].abs().sum() > 0
     torch.testing.assert_close(grads[0], grads[2], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(grads[1], grads[2], atol=1e-6, rtol=1e-5)
+
+
+def test_memory_groups_rehearse_privately_then_read_their_memory(tokenizer):
+    from envace.rehearsal.memory import condense
+
+    module = _module(tokenizer, "envace", memory_rate=1.0, group_size=4)
+    tasks, _, streams = module.sample_tasks(0)
+    episodes = module.play(tasks, streams)
+    assert [e.task.id for e in episodes] == [t.id for t in tasks]  # in the step's order
+    for g in range(0, len(tasks), 4):
+        scouts, readers = episodes[g:g + 2], episodes[g + 2:g + 4]
+        assert all(e.memory is None for e in scouts) and all(r.memory == condense(scouts, 2) for r in readers)
+        prompts = [tokenizer.decode(x.prompt_ids) for e in scouts for x in e.generations if x.role == "rehearse"]
+        assert not any("<|facts|>" in p for p in prompts)  # the scouts rehearse as at test time: no facts
+    drawn = [g for g in range(0, len(tasks), 4) if episodes[g + 2].memory is not None]
+    off = _module(tokenizer, "envace", memory_rate=0.0, group_size=4)
+    assert off.scouts is None and len(drawn) == len(tasks) // 4

@@ -53,7 +53,7 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
 
     variants = ["train@sft", "train@real_env", "train@simulator", "train@envace"]
     assert list(summary["stages"]) == ["collect", "prepare", "validate_data", "base_model", "warmup", "rehearsal_gate", *variants,
-                                       "evaluate", "register"]
+                                       "evaluate", "rehearse", "register"]
     assert all(s["ran"] for s in summary["stages"].values())
     data = json.loads((project / "metrics/data.json").read_text())
     assert data["passed"] is True and data["domains"] == ["bank", "files", "trading"]
@@ -93,6 +93,28 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
     assert {r.data.tags["stage_run"] for r in eval_runs} == {children["evaluate"].info.run_id}
     assert not any("mlflow.parentRunId" in r.data.tags for r in eval_runs)
     assert _artifact("evaluation").data.startswith("# Evaluation:")
+    # the test-time half: budget curves for both models and modes, the guard table, 0 private real calls
+    rehearse = json.loads((project / "metrics/rehearse.json").read_text())
+    assert rehearse["private_real_calls"] == 0
+    for model in ("sft", "envace"):
+        for mode in ("parallel", "sequential"):
+            points = rehearse["curve"][model][mode]
+            assert list(points) == ["0", "1", "2"] and points["0"]["gain"] == 0.0
+            assert set(points["2"]) == {"success", "gain", "gain_ci_low", "gain_ci_high", "n", "tokens_per_task",
+                                        "real_calls_per_task"} and points["2"]["n"] == 6
+        guard = rehearse["guard"][model]
+        assert {"recall", "false_hold", "n_harmful", "n_safe"} <= set(guard["informed"]) <= set(guard["uninformed"])
+        assert {"harmful_executed_on", "harmful_executed_off"} <= set(guard)
+    assert _artifact("rehearse").data.startswith("# Test-time rehearsal and the guard")
+    rehearse_run = children["rehearse"]  # the stage logs into the flow's run of it: numbers, report, PNG, traces
+    assert rehearse_run.data.metrics["private_real_calls"] == 0
+    import mlflow
+
+    logged = {a.path for a in mlflow.MlflowClient().list_artifacts(rehearse_run.info.run_id)}
+    assert {"rehearse.md", "rehearse_budget.png"} <= logged
+    traces = mlflow.search_traces(experiment_ids=[rehearse_run.info.experiment_id], run_id=rehearse_run.info.run_id,
+                                  return_type="list")
+    assert len(traces) == 6 and all(t.data.spans[0].name.startswith("episode ") for t in traces)
     # the agent registered: first version, so champion and challenger; the comparison published
     registered = json.loads((project / "metrics/register.json").read_text())
     assert registered["version"] == "1" and registered["promoted"] and registered["reason"] == "no champion yet"

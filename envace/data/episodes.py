@@ -7,6 +7,9 @@ One episode per line:
         {"role": "act", "calls": [{"name": str, "arguments": {...}}, ...]},
         {"role": "tool", "name": str, "response": {...}, "source": "real"},   # one per call
         ...
+        {"role": "act", "calls": [...], "held": [1]},  # the guard held call 1: never executed;
+        {"role": "tool", ..., "source": "guard"},      # its tool message holds the hold
+        ...
         {"role": "act", "answer": str}]}
 Every response is stored exactly as the backend returned it.
 """
@@ -15,8 +18,9 @@ from __future__ import annotations
 
 
 def calls_of(messages: list[dict]) -> list[dict]:
-    """Every tool call ACT made, in order."""
-    return [c for m in messages if m.get("role") == "act" for c in m.get("calls", [])]
+    """Every tool call ACT made and that ran, in order (a call the guard held never ran)."""
+    return [c for m in messages if m.get("role") == "act"
+            for i, c in enumerate(m.get("calls", [])) if i not in m.get("held", ())]
 
 
 def answer_of(messages: list[dict]) -> str | None:
@@ -40,7 +44,7 @@ _MESSAGE = {
          "required": ["role", "answer"]},
         {"type": "object",
          "properties": {"role": {"const": "tool"}, "name": {"type": "string"}, "response": {},
-                        "source": {"enum": ["real", "rehearsed", "simulator"]}},
+                        "source": {"enum": ["real", "rehearsed", "simulator", "guard"]}},
          "required": ["role", "name", "response", "source"]},
     ]
 }

@@ -13,7 +13,8 @@ import copy
 import random
 
 from envace.domains.base import (
-    INT, STR, Backend, Checklist, Domain, Mistakes, Script, Task, Tool, ToolError, call, is_error, params,
+    INT, STR, Backend, Checklist, Domain, Mistakes, Precondition, Script, Task, Tool, ToolError, call, is_error,
+    params,
 )
 
 OWNERS = (
@@ -34,7 +35,11 @@ TOOLS = (
         "Transfer money between two accounts. Irreversible.",
         params({"from_account": STR, "to_account": STR, "amount": INT}),
         risk="high",
-        preconditions=("the balance of from_account is at least amount", "amount is positive"),
+        preconditions=(
+            Precondition("the balance of from_account is at least amount", "balance", ">=", "$amount",
+                         evidence={"tool": "get_balance", "arguments": {"account_id": "$from_account"}}),
+            Precondition("amount is positive", "amount", ">", 0),
+        ),
     ),
 )
 

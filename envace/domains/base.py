@@ -2,7 +2,9 @@
 
 A *domain* bundles
 - `tools`: OpenAI function-calling schemas plus a risk level (`low`/`high`); high-risk
-  tools declare the preconditions an agent should check before calling them;
+  tools declare the preconditions an agent should check before calling them, as prose
+  and, where the call's arguments name what decides them, as a machine check
+  (`Precondition`) the guard evaluates on the real history;
 - a `Backend` class: the *real environment* of one episode, created from a scenario (the
   hidden initial state). `execute(call)` dispatches by name over the offered tools after
   validating the arguments against the schema, and always returns a JSON response:
@@ -34,25 +36,119 @@ Response = dict[str, Any]  # any JSON object; errors carry an "error" object
 Script = Generator[list[Call], list[Response], str]
 
 
+OPS: dict[str, Callable[[Any, Any], bool]] = {
+    ">=": lambda a, b: a >= b, ">": lambda a, b: a > b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
+    "empty": lambda a, _: len(a) == 0,
+    "seen": None,  # `value` is a `field` of some earlier real response (ids come from lookups)
+}
+
+
+@dataclass(frozen=True)
+class Precondition:
+    """A precondition of a high-risk call: its prose and, when the call's arguments name what
+    decides it, a check on what the episode has already seen.
+
+    `evidence` is the lookup that reveals the deciding fact: a tool and its arguments, each
+    either a constant or `$name`, an argument of the checked call (`{"tool": "get_balance",
+    "arguments": {"account_id": "$from_account"}}`); without it the check reads the call's
+    own arguments. `field` is the value checked: a key of the evidence's (latest, non-error)
+    response, or of the call's arguments. `op` compares it with `value` (a constant, `$name`,
+    or a list of those multiplied: `["$price", "$amount"]`); `seen` asks instead whether any
+    earlier real response had `value` under the key `field` (an id no lookup returned names
+    nothing that exists). `when` limits the precondition to calls with these argument
+    values. All of it is JSON, so a tool file can declare it.
+    """
+
+    text: str
+    field: str | None = None
+    op: str | None = None
+    value: Any = None
+    evidence: dict | None = None
+    when: dict | None = None
+
+    def __post_init__(self):
+        if self.op is not None and self.op not in OPS:
+            raise ValueError(f"precondition {self.text!r}: unknown op {self.op!r} (expected one of {', '.join(OPS)})")
+        if self.op is not None and self.field is None:
+            raise ValueError(f"precondition {self.text!r}: a check needs the field it reads")
+
+    @property
+    def checkable(self) -> bool:
+        return self.op is not None
+
+    def evidence_call(self, args: dict) -> Call | None:
+        """The lookup that decides this precondition for a call with `args` (None: its own arguments)."""
+        if self.evidence is None:
+            return None
+        return {"name": self.evidence["tool"], "arguments": {k: _resolve(v, args) for k, v in self.evidence["arguments"].items()}}
+
+    def check(self, call: Call, seen: list[tuple[Call, Any]]) -> bool | None:
+        """True / False when `seen` (the real (call, response) pairs so far) decides it, None
+        when it does not (no check, not applicable, or the deciding lookup not made yet)."""
+        args = call.get("arguments") or {}
+        if not self.checkable or any(args.get(k) != v for k, v in (self.when or {}).items()):
+            return None
+        if self.op == "seen":
+            wanted = _resolve(self.value, args)
+            return any(_has(r, self.field, wanted) for _, r in seen if not is_error(r))
+        source = args
+        lookup = self.evidence_call(args)
+        if lookup is not None:
+            found = [r for c, r in seen if c.get("name") == lookup["name"] and c.get("arguments") == lookup["arguments"]
+                     and isinstance(r, dict) and not is_error(r)]
+            if not found:
+                return None
+            source = found[-1]
+        if self.field not in source:
+            return None
+        try:
+            return bool(OPS[self.op](source[self.field], _resolve(self.value, args)))
+        except TypeError:  # e.g. a string compared with a number: the lookup cannot decide it
+            return None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def _has(obj: Any, key: str, value: Any) -> bool:
+    """Whether `obj` (JSON) holds `value` under `key` at any depth."""
+    if isinstance(obj, dict):
+        return obj.get(key) == value or any(_has(v, key, value) for v in obj.values())
+    return isinstance(obj, list) and any(_has(v, key, value) for v in obj)
+
+
+def _resolve(value: Any, args: dict) -> Any:
+    if isinstance(value, str) and value.startswith("$"):
+        return args.get(value[1:])
+    if isinstance(value, list):
+        product = 1
+        for v in value:
+            product *= _resolve(v, args)
+        return product
+    return value
+
+
 @dataclass(frozen=True)
 class Tool:
     name: str
     description: str
     parameters: dict
     risk: Literal["low", "high"] = "low"
-    preconditions: tuple[str, ...] = ()
+    preconditions: tuple[str | Precondition, ...] = ()
 
     def __post_init__(self):
         if self.risk == "high" and not self.preconditions:
             raise ValueError(f"high-risk tool {self.name!r} must declare its preconditions")
+        object.__setattr__(self, "preconditions", tuple(
+            p if isinstance(p, Precondition) else Precondition(p) for p in self.preconditions))
 
     def schema(self) -> dict:
-        """OpenAI function-calling schema, plus our risk level and preconditions."""
+        """OpenAI function-calling schema, plus our risk level and the preconditions' prose."""
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
             "risk": self.risk,
-            "preconditions": list(self.preconditions),
+            "preconditions": [p.text for p in self.preconditions],
         }
 
 

@@ -13,7 +13,7 @@ import copy
 import random
 
 from envace.domains.base import (
-    STR, Backend, Checklist, Domain, Mistakes, Script, Task, Tool, ToolError, call, is_error, params,
+    STR, Backend, Checklist, Domain, Mistakes, Precondition, Script, Task, Tool, ToolError, call, is_error, params,
 )
 
 PREFIXES = "old new tmp shared team my draft backup archive project client home work spare legacy".split()
@@ -37,11 +37,12 @@ TOOLS = (
     Tool("get_file_info", "Get the id and size (KB) of a file in a folder.", params({"folder_id": STR, "file_name": STR})),
     Tool(
         "delete_file", "Delete a file by id. Irreversible.", params({"file_id": STR}),
-        risk="high", preconditions=("the file exists",),
+        risk="high", preconditions=(Precondition("the file exists", "file_id", "seen", "$file_id"),),
     ),
     Tool(
         "delete_folder", "Delete a folder by id. Irreversible.", params({"folder_id": STR}),
-        risk="high", preconditions=("the folder is empty",),
+        risk="high", preconditions=(Precondition("the folder is empty", "files", "empty", evidence={
+            "tool": "list_folder", "arguments": {"folder_id": "$folder_id"}}),),
     ),
 )
 

@@ -19,13 +19,20 @@ from functools import cache
 from importlib import resources
 
 from envace.domains.base import (
-    Backend, Checklist, Domain, Mistakes, Script, Task, Tool, call, error_response, is_error,
+    Backend, Checklist, Domain, Mistakes, Precondition, Script, Task, Tool, call, error_response, is_error,
 )
 
 OFFERED = ("get_symbol_by_name", "get_stock_info", "get_account_info", "get_order_details", "place_order", "cancel_order")
 RISK = {
-    "place_order": ("the account balance covers price * amount for a Buy", "the stock symbol exists"),
-    "cancel_order": ("the order exists and is not Completed",),
+    "place_order": (
+        Precondition("the account balance covers price * amount for a Buy", "balance", ">=", ["$price", "$amount"],
+                     evidence={"tool": "get_account_info", "arguments": {}}, when={"order_type": "Buy"}),
+        Precondition("the stock symbol exists"),
+    ),
+    "cancel_order": (
+        Precondition("the order exists and is not Completed", "status", "!=", "Completed",
+                     evidence={"tool": "get_order_details", "arguments": {"order_id": "$order_id"}}),
+    ),
 }
 # Company names BFCL's get_symbol_by_name knows (its map is fixed in the backend).
 COMPANIES = {

@@ -11,6 +11,10 @@ Every episode keeps each generation with the role that produced it, from which t
 token-level ACT / REHEARSE masks are built, the source of each response, and counters:
 real-backend calls and generated tokens per role.
 
+Two test-time additions (`envace.rehearsal`): an episode may carry a rehearsal memory
+(imagined episodes ACT sees as context), and a guard may screen each turn's calls before
+they run: a call it holds is never executed, and its tool message is the guard's.
+
 Each episode has its own random stream (`Episode.stream`): its k-th generation samples with
 the key `mix64(stream, k)` and its privileged-fact dropouts draw from the same stream, so an
 episode plays out the same whichever episodes share its batch (or its data-parallel rank).
@@ -53,6 +57,8 @@ class Episode:
     tokens: dict[str, int] = field(default_factory=lambda: {ACT: 0, REHEARSE: 0, SIMULATOR: 0})
     final_state: dict | None = None  # real backend's state at the end (real responder only)
     success: bool = False
+    memory: list[list[dict]] | None = None  # a rehearsal memory: imagined episodes' messages
+    reviews: list = field(default_factory=list)  # the guard's verdicts on its high-risk calls
 
     def fail(self, reason: str) -> None:
         self.failure, self.done = reason, True
@@ -167,8 +173,10 @@ class ModelResponder:
         self.privileged, self.dropout = privileged, privileged_dropout
 
     def start(self, episodes: list[Episode]) -> None:
-        # privileged facts are read from the task's scenario; no call is ever executed
-        self.fact_sources = {id(e): get_domain(e.task.domain).backend(e.task.scenario) for e in episodes}
+        # privileged facts are read from the task's scenario; no call is ever executed, and
+        # without privileged facts no backend is even built
+        self.fact_sources = {id(e): get_domain(e.task.domain).backend(e.task.scenario) for e in episodes} \
+            if self.privileged else {}
         self.steps: dict[int, list[tuple]] = {id(e): [] for e in episodes}  # (call, facts shown, response)
         self.asked: dict[int, int] = {id(e): 0 for e in episodes}  # calls rehearsed so far
 
@@ -201,25 +209,36 @@ class ModelResponder:
         return responses
 
 
+class Guard(Protocol):
+    stops_episode: bool  # a held call ends its episode (it waits for a person) or ACT revises
+
+    def screen(self, requests: list[tuple[Episode, dict]]) -> list[dict | None]:
+        """Per call: None to run it, or the tool message's response for a call held."""
+        ...
+
+
 class EpisodeRunner:
     def __init__(self, policy: Policy, responder: Responder, cfg: RolloutConfig, temperature: float | None = None,
-                 seed: int = 0):
+                 seed: int = 0, guard: Guard | None = None):
         self.policy, self.responder, self.cfg = policy, responder, cfg
         self.temperature = cfg.temperature if temperature is None else temperature
-        self.seed = seed
+        self.seed, self.guard = seed, guard
 
-    def run(self, tasks: list[Task], streams: list[int] | None = None) -> list[Episode]:
+    def run(self, tasks: list[Task], streams: list[int] | None = None,
+            memories: list[list[list[dict]] | None] | None = None) -> list[Episode]:
         """Play one episode per task; `streams` are their random stream keys (default: the
-        runner's seed and each task's position)."""
+        runner's seed and each task's position), `memories` their rehearsal memories."""
         streams = streams if streams is not None else [mix64(self.seed, i) for i in range(len(tasks))]
+        memories = memories if memories is not None else [None] * len(tasks)
         episodes = []
         for start in range(0, len(tasks), self.cfg.batch_size):
             end = start + self.cfg.batch_size
-            episodes += self._run_batch(tasks[start:end], streams[start:end])
+            episodes += self._run_batch(tasks[start:end], streams[start:end], memories[start:end])
         return episodes
 
-    def _run_batch(self, tasks: list[Task], streams: list[int]) -> list[Episode]:
-        episodes = [Episode(t, [{"role": "user", "content": t.request}], k) for t, k in zip(tasks, streams)]
+    def _run_batch(self, tasks: list[Task], streams: list[int], memories: list) -> list[Episode]:
+        episodes = [Episode(t, [{"role": "user", "content": t.request}], k, memory=m)
+                    for t, k, m in zip(tasks, streams, memories)]
         self.responder.start(episodes)
         for _ in range(self.cfg.max_turns):
             live = [e for e in episodes if not e.done]
@@ -227,15 +246,21 @@ class EpisodeRunner:
                 break
             calling = self._act(live)
             requests = [(e, c) for e in calling for c in e.messages[-1]["calls"]]
-            responses = self.responder.respond(requests) if requests else []
-            for (episode, call), response in zip(requests, responses):
+            holds = self.guard.screen(requests) if self.guard and requests else [None] * len(requests)
+            run = [r for r, hold in zip(requests, holds) if hold is None]
+            answers = iter(self.responder.respond(run) if run else [])
+            for (episode, call), hold in zip(requests, holds):
+                response = next(answers) if hold is None else hold
                 if episode.done:
                     continue  # an earlier call of this turn already failed
                 if isinstance(response, Failure):
                     episode.fail(f"{self.responder.source}:{response.reason}")
-                else:
-                    episode.messages.append({"role": "tool", "name": call["name"], "response": response,
-                                             "source": self.responder.source})
+                    continue
+                source = self.responder.source if hold is None else "guard"
+                episode.messages.append({"role": "tool", "name": call["name"], "response": response, "source": source})
+            for episode in {id(e): e for (e, _), hold in zip(requests, holds) if hold is not None}.values():
+                if self.guard.stops_episode and not episode.done:
+                    episode.fail("guard:held_for_confirmation")
         for e in episodes:
             if not e.done:
                 e.fail("turn_limit")
@@ -245,7 +270,7 @@ class EpisodeRunner:
     def _act(self, live: list[Episode]) -> list[Episode]:
         """One ACT turn for every live episode; returns those that made calls."""
         tmpl = self.policy.template
-        prompts = [self.policy.encode(tmpl.act_prompt(e.task.tools, e.task.request, e.messages)) for e in live]
+        prompts = [self.policy.encode(tmpl.act_prompt(e.task.tools, e.task.request, e.messages, e.memory)) for e in live]
         streams = [mix64(e.stream, len(e.generations)) for e in live]
         outputs = self.policy.generate(prompts, self.cfg.max_new_tokens, self.temperature, self.cfg.top_p, streams)
         calling = []

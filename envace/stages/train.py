@@ -74,6 +74,9 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
                         enable_checkpointing=False, log_every_n_steps=1, enable_progress_bar=sys.stderr.isatty(),
                         enable_model_summary=False)
     resume = resumable(ckpt_dir, fingerprint(params), prepare=trainer.is_global_zero)
+    taught = {}
+    if variant == "envace" and cfg.memory_rate > 0 and cfg.memory_examples and resume is None:
+        taught = teach_to_read_memory(policy, episodes, params)  # every rank alike: the same weights
     trainer.fit(module, torch.utils.data.DataLoader(range(cfg.steps), batch_size=1), ckpt_path=resume)
     if not trainer.is_global_zero:  # the other ranks' work ends with training; rank 0 writes
         return {}
@@ -87,11 +90,27 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     write_json(metrics_path, {"variant": variant, "steps": cfg.steps, "real_env_calls_train": module.real_calls,
                               "wall_s": round(time.perf_counter() - start, 1), "ranks": trainer.world_size,
-                              "rank_divergence": module.rank_divergence, "history": module.history})
+                              "rank_divergence": module.rank_divergence, "memory_warm_start": taught,
+                              "history": module.history})
     last = module.history[-1] if module.history else {}
     print(f"train[{variant}]: {cfg.steps} steps in {time.perf_counter() - start:.0f}s; last reward "
           f"{last.get('reward', 0):.3f}, real-backend calls {module.real_calls}", flush=True)
     return {"model": out_dir, "metrics": metrics_path}
+
+
+def teach_to_read_memory(policy, episodes: list[dict], params: Params) -> dict:
+    """ACT's supervised start on logged episodes with rehearsal memories (`envace.train.memory`)."""
+    from envace.model import device_of
+    from envace.train.memory import memory_examples, teach_memory
+
+    cfg = params.train
+    start = time.perf_counter()
+    policy.model.to(device_of(params.trainer))
+    examples = memory_examples(episodes, policy.template, policy.tokenizer, cfg.memory_examples, cfg.seed, policy.max_len)
+    loss = teach_memory(policy.model, examples, policy.pad_id, cfg.lr, params.warmup.batch_size, cfg.grad_clip, cfg.seed)
+    print(f"train[envace]: ACT taught to read rehearsal memories on {len(examples)} logged examples "
+          f"(final ACT loss {loss:.3f}) in {time.perf_counter() - start:.0f}s", flush=True)
+    return {"examples": len(examples), "act_loss": round(loss, 4)}
 
 
 def last_checkpoint(path: Path):

@@ -12,6 +12,12 @@ variants differ only in who answers the calls:
 - `simulator` — a frozen copy of the warmup model as REHEARSE (only ACT is trained);
 - `sft`       — no RL (the warmup model as it is).
 
+`envace` also trains ACT to use a rehearsal memory (test-time private rehearsal,
+`envace.rehearsal`): in a group drawn with probability `train.memory_rate`, the first half
+of the episodes rehearse without privileged facts (as at test time) and the second half
+play with a memory of them; all of them share the group's baseline, so the memory is
+worth reading exactly when it makes the episode succeed more often.
+
 Memory and scale: the loss is a weighted sum over tokens (`losses.token_weights`), so the
 backward runs chunk by chunk (`train.chunk_rows` rows at a time) and peak memory is one
 chunk's activations and logits. Under data parallelism each rank plays whole task groups
@@ -36,10 +42,11 @@ from envace.config import RolesConfig, RolloutConfig, TrainConfig
 from envace.data.tokenizer import WORDS, model_json
 from envace.domains.base import Task
 from envace.roles import ACT, REHEARSE, ROLE_IDS
-from envace.rollout.generate import mix64
+from envace.rollout.generate import mix64, unit
 from envace.rollout.runner import SIMULATOR, Episode, EpisodeRunner, ModelResponder, Policy, RealResponder
 from envace.train import is_sharded_strategy, rank_divergence, shard, sync_replica
 from envace.train.data import collate
+from envace.rehearsal.memory import condense
 from envace.train.losses import ACT_ID, REHEARSE_ID, grpo_role_loss, leak_mass, role_advantages, role_targets, token_weights
 
 VARIANTS = ("sft", "real_env", "simulator", "envace")
@@ -147,6 +154,11 @@ class GRPOModule(L.LightningModule):
         self.reference = copy.deepcopy(policy.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
         self.responder = responder_for(variant, policy, rollout, roles, cfg, simulator)
         self.runner = EpisodeRunner(policy, self.responder, rollout, temperature=cfg.temperature)
+        self.memory_episodes = roles.memory_episodes
+        self.scouts = None  # envace with memory training: the runner of the private rehearsals
+        if variant == "envace" and cfg.memory_rate > 0:
+            scout = ModelResponder(policy, rollout, "rehearsed", cfg.temperature, privileged=False)
+            self.scouts = EpisodeRunner(policy, scout, rollout, temperature=cfg.temperature)
         self.real_calls = 0
         self.history: list[dict] = []
         self.rank_divergence = 0.0
@@ -183,7 +195,7 @@ class GRPOModule(L.LightningModule):
         self.refresh()
         self.policy.model.eval()
         with torch.no_grad():
-            episodes = self.runner.run(tasks, streams)
+            episodes = self.play(tasks, streams)
         gen_s = time.perf_counter() - start
         rewards = rewards_of(episodes, self.cfg.process_reward)
         rows, episode_of = generation_rows(episodes)
@@ -209,6 +221,24 @@ class GRPOModule(L.LightningModule):
                 self.clip_gradients(opt, gradient_clip_val=self.cfg.grad_clip, gradient_clip_algorithm="norm")
             opt.step()
         self._record(step, episodes, rewards, advantages, parts, gen_s)
+
+    MEMORY = 2  # salt: whether a group trains with a rehearsal memory
+
+    def play(self, tasks: list[Task], streams: list[int]) -> list[Episode]:
+        """The step's episodes, in order. A group drawn for memory training (by its first
+        episode's stream: the same on any rank) plays its first half as private rehearsals
+        and its second half with their memory."""
+        if self.scouts is None:
+            return self.runner.run(tasks, streams)
+        G = self.cfg.group_size
+        drawn = {i // G for i in range(0, len(tasks), G) if unit(streams[i], self.MEMORY) < self.cfg.memory_rate}
+        scout_ids = [i for i in range(len(tasks)) if i // G in drawn and i % G < G // 2]
+        scouted = dict(zip(scout_ids, self.scouts.run([tasks[i] for i in scout_ids], [streams[i] for i in scout_ids])))
+        rest = [i for i in range(len(tasks)) if i not in scouted]
+        memories = [condense([scouted[j] for j in range(i - i % G, i - i % G + G // 2)], self.memory_episodes)
+                    if i // G in drawn else None for i in rest]
+        played = dict(zip(rest, self.runner.run([tasks[i] for i in rest], [streams[i] for i in rest], memories)))
+        return [scouted.get(i) or played[i] for i in range(len(tasks))]
 
     def _record(self, step, episodes, rewards, advantages, parts, gen_s) -> None:
         """Telemetry of the step over all ranks' episodes (sums gathered, then ratios)."""
