@@ -4,10 +4,11 @@ Before it acts for real, the trained model rehearses privately: N imagined episo
 task, ACT and REHEARSE of the same weights, no privileged facts and zero real calls
 (`imagine`). *Parallel* rehearsal samples them independently; *sequential* rehearsal shows
 episode k a memory of episodes 1..k-1. The imagined episodes are condensed into a
-rehearsal memory (`condense`): the few distinct ways the task was tried, each with the
-responses the tools were predicted to give and where it went wrong. ACT reads it as
-context in the real episode (`envace.roles`). ACT learns to use it in GRPO
-(`train.memory_rate`): part of each group plays with a memory of its siblings.
+rehearsal memory (`condense`): the few distinct plans tried (what each looked up before
+acting, and which lookups were rehearsed as errors), the one to follow first — judged by
+where the others went wrong. ACT reads it before the request in the real episode
+(`envace.roles`); the `envace` variant is taught to (`envace.train.memory`, then GRPO
+groups that play with a memory of their siblings' private rehearsals).
 
 During the real episode the guard (`Guard`) screens every high-risk call ACT proposes:
 REHEARSE predicts its response from the real history (no privileged facts), and the

@@ -1,11 +1,10 @@
 """Imagined episodes (private rehearsal) and the rehearsal memory they condense into.
 
-The memory is short and in the notation ACT already reads, so a small model can use it:
-at most `limit` imagined episodes, each as its ACT outputs and rehearsed responses in
-order, ending with the answer or with how it went wrong (`{"failed":"turn_limit"}`).
-Episodes that made the same calls and answer are one entry. The entry ACT should follow
-comes first (ACT is trained to follow the first: `envace.train.memory`), ranked by what
-can be judged without the real environment:
+The memory is short, so a small model can use it: at most `limit` imagined episodes, each
+as its plan (`roles.plan_text`: what it looked up before its first irreversible call or
+its answer, without values); episodes with the same plan are one entry. The entry ACT
+should follow comes first (ACT is trained to follow the first: `envace.train.memory`),
+ranked by what can be judged without the real environment:
 1. it ended with an answer (no failed step);
 2. nothing went wrong on an irreversible call: every high-risk call was preceded by the
    lookups that decide its checkable preconditions, and none was rehearsed as an error;
@@ -31,8 +30,6 @@ PRIVATE = 0x5EC2E7  # salt: the random streams of private rehearsal, apart from 
 def imagined_messages(episode: Episode) -> list[dict]:
     """An imagined episode as a memory entry: its messages after the request."""
     return [m for m in episode.messages[1:] if m["role"] in ("act", "tool", "failed_step")]
-
-
 
 
 def went_wrong(task: Task, messages: list[dict]) -> tuple[bool, bool, int]:

@@ -1,13 +1,13 @@
 """Teaching ACT to read a rehearsal memory: a short supervised start of the `envace` variant.
 
 A model never shown a memory is thrown by one (measured: greedy success 0.74 -> 0.02 with
-one imagined episode in the context), so GRPO alone, whose memory-reading episodes then
-all fail, has nothing to learn from. Before GRPO, ACT is fine-tuned on successful logged
-episodes whose context holds a memory as it looks at test time: first the episode's own
-way of solving the task with every name renamed (an imagined episode gets the steps right
-and the values wrong), then, half the time, another logged episode of the same kind.
-ACT's target is the real episode, so it learns to follow the first entry's steps with the
-values of the real request and history. Only ACT is trained; no real call is made.
+one imagined transcript in its context), so GRPO alone, whose memory-reading episodes
+then nearly all fail, has little to learn from. Before GRPO, ACT is fine-tuned on
+successful logged episodes, two in three with a memory in their context as it looks at
+test time: first the episode's own plan (`roles.plan_text`), then, half the time, the
+plan of another logged episode of the same kind. ACT's target is the logged episode, so
+it learns to make the first entry's lookups and to decide on the real responses. Only
+ACT is trained; no real call is made.
 """
 
 from __future__ import annotations
