@@ -218,8 +218,8 @@ class TrainConfig(Section):
     """`envace` only: share of task groups that train ACT with a rehearsal memory (half the
     group rehearses privately without facts, the other half reads their memory; 0 = off)."""
     memory_examples: int = Field(6000, ge=0)
-    """`envace` with memory training: logged examples of ACT's supervised start on reading a
-    memory, before GRPO (`envace.train.memory`; 0 = none: GRPO alone)."""
+    """Every RL variant: successful logged examples of ACT's supervised start before GRPO, two
+    in three with a rehearsal memory (`envace.train.memory`; 0 = none: GRPO alone)."""
     chunk_rows: int = Field(64, gt=0)
     """Rows (generations) per forward/backward chunk of the update: bounds memory, not the result."""
     seed: int = 0

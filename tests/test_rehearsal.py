@@ -325,3 +325,20 @@ def test_memory_training_examples_carry_the_episodes_own_plan_first(prepared_dir
     own = plan_text(first["messages"][1:], first["task"]["tools"])
     assert f"<|rehearse|>{own}" in texts[1]
     assert all(sum(r == 2 for r in roles) == 0 for _, roles in examples)  # ACT only
+
+
+def test_rehearse_params_and_a_missing_model_are_named(tmp_path, monkeypatch):
+    from envace.config import ParamsError, parse_params
+    from envace.stages import StageFailed
+    from envace.stages import rehearse
+
+    for bad, message in [({"rehearse": {"budgets": [1, 2]}}, "0 \\(the baseline\\)"),
+                         ({"rehearse": {"budgets": [0, 0, 2]}}, "distinct"),
+                         ({"rehearse": {"modes": ["sideways"]}}, "rehearse.modes"),
+                         ({"guard": {"on_hold": "maybe"}}, "guard.on_hold"),
+                         ({"train": {"memory_rate": 1.5}}, "train.memory_rate")]:
+        with pytest.raises(ParamsError, match=message):
+            parse_params(bad)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StageFailed, match="no trained model for sft, envace"):
+        rehearse.run(parse_params({}))

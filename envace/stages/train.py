@@ -75,8 +75,8 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
                         enable_model_summary=False)
     resume = resumable(ckpt_dir, fingerprint(params), prepare=trainer.is_global_zero)
     taught = {}
-    if variant == "envace" and cfg.memory_rate > 0 and cfg.memory_examples and resume is None:
-        taught = teach_to_read_memory(policy, episodes, params)  # every rank alike: the same weights
+    if cfg.memory_examples and resume is None:  # every RL variant starts alike, so the comparison stays fair
+        taught = supervised_start(policy, episodes, params, variant)  # every rank alike: the same weights
     trainer.fit(module, torch.utils.data.DataLoader(range(cfg.steps), batch_size=1), ckpt_path=resume)
     if not trainer.is_global_zero:  # the other ranks' work ends with training; rank 0 writes
         return {}
@@ -90,7 +90,7 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     write_json(metrics_path, {"variant": variant, "steps": cfg.steps, "real_env_calls_train": module.real_calls,
                               "wall_s": round(time.perf_counter() - start, 1), "ranks": trainer.world_size,
-                              "rank_divergence": module.rank_divergence, "memory_warm_start": taught,
+                              "rank_divergence": module.rank_divergence, "supervised_start": taught,
                               "history": module.history})
     last = module.history[-1] if module.history else {}
     print(f"train[{variant}]: {cfg.steps} steps in {time.perf_counter() - start:.0f}s; last reward "
@@ -98,8 +98,11 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     return {"model": out_dir, "metrics": metrics_path}
 
 
-def teach_to_read_memory(policy, episodes: list[dict], params: Params) -> dict:
-    """ACT's supervised start on logged episodes with rehearsal memories (`envace.train.memory`)."""
+def supervised_start(policy, episodes: list[dict], params: Params, variant: str) -> dict:
+    """ACT's supervised start on successful logged episodes, most with a rehearsal memory
+    (`envace.train.memory`). Every RL variant gets it — it also filters out the logs'
+    mistakes, which would otherwise count as envace's gain — though only envace then plays
+    with memories."""
     from envace.model import device_of
     from envace.train.memory import memory_examples, teach_memory
 
@@ -108,7 +111,7 @@ def teach_to_read_memory(policy, episodes: list[dict], params: Params) -> dict:
     policy.model.to(device_of(params.trainer))
     examples = memory_examples(episodes, policy.template, policy.tokenizer, cfg.memory_examples, cfg.seed, policy.max_len)
     loss = teach_memory(policy.model, examples, policy.pad_id, cfg.lr, params.warmup.batch_size, cfg.grad_clip, cfg.seed)
-    print(f"train[envace]: ACT taught to read rehearsal memories on {len(examples)} logged examples "
+    print(f"train[{variant}]: supervised start of ACT on {len(examples)} successful logged examples "
           f"(final ACT loss {loss:.3f}) in {time.perf_counter() - start:.0f}s", flush=True)
     return {"examples": len(examples), "act_loss": round(loss, 4)}
 

@@ -1,4 +1,4 @@
-"""Teaching ACT to read a rehearsal memory: a short supervised start of the `envace` variant.
+"""Teaching ACT to read a rehearsal memory: a short supervised start before GRPO.
 
 A model never shown a memory is thrown by one (measured: greedy success 0.74 -> 0.02 with
 one imagined transcript in its context), so GRPO alone, whose memory-reading episodes
@@ -7,7 +7,9 @@ successful logged episodes, two in three with a memory in their context as it lo
 test time: first the episode's own plan (`roles.plan_text`), then, half the time, the
 plan of another logged episode of the same kind. ACT's target is the logged episode, so
 it learns to make the first entry's lookups and to decide on the real responses. Only
-ACT is trained; no real call is made.
+ACT is trained; no real call is made. Every RL variant starts from it (learning only
+from successful logs is itself a gain: 0.585 -> 0.649 on the test tasks, measured), but
+only `envace` goes on to play with memories in GRPO.
 """
 
 from __future__ import annotations
