@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,26 @@ def make_project(path: Path, params: dict = TINY_PARAMS, dvc: bool = True) -> Pa
         subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=path, check=True)
         subprocess.run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], cwd=path, check=True)
     return path
+
+
+@contextmanager
+def mlflow_at(uri: str):
+    """MLflow's fluent API pointed at `uri` for the block, then back as it was (tracking URI and
+    active experiment are process globals: a later test must not log into a stopped server)."""
+    import mlflow
+    from mlflow.tracking import fluent
+
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")}
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield mlflow
+    finally:
+        mlflow.set_tracking_uri(saved["MLFLOW_TRACKING_URI"])  # None unsets it
+        fluent._active_experiment_id = None
+        if saved["MLFLOW_EXPERIMENT_ID"] is None:
+            os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+        else:
+            os.environ["MLFLOW_EXPERIMENT_ID"] = saved["MLFLOW_EXPERIMENT_ID"]
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser import check_mlflow_ui, install_chromium
+from tests.conftest import mlflow_at
 
 EXPERIMENT = "envace"
 VARIANTS = {"sft": 0.30, "real_env": 0.45, "simulator": 0.55, "envace": 0.70}
@@ -115,8 +116,6 @@ SPANS = ["private rehearsal 1", "ACT", "REHEARSE get_balance", "TOOL get_balance
 def seed_trace(url: str) -> str:
     """An episode as `envace act` logs it: one private rehearsal, then the real episode whose
     transfer the guard held (spans for ACT, REHEARSE, TOOL and GUARD)."""
-    import mlflow
-
     from envace.domains import get_domain
     from envace.domains.base import Checklist, Task
     from envace.rehearsal.guard import Verdict
@@ -140,9 +139,9 @@ def seed_trace(url: str) -> str:
     real = episode("real", held=True)
     real.reviews.append(Verdict(transfer, {"status": "completed"}, ["the balance of from_account is at least amount"],
                                 hold=True, reason="precondition false"))
-    mlflow.set_tracking_uri(url)
-    mlflow.set_experiment(EXPERIMENT)
-    return log_trace(real, [episode("rehearsed", held=False)], "envace")
+    with mlflow_at(url) as mlflow:
+        mlflow.set_experiment(EXPERIMENT)
+        return log_trace(real, [episode("rehearsed", held=False)], "envace")
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from envace.rehearsal import Guard, condense, imagine, play
 from envace.rehearsal.guard import history, review
 from envace.roles import MinimalTemplate, encode, plan_text
 from envace.rollout.runner import Episode, EpisodeRunner, Policy, RealResponder
-from tests.conftest import ROOT
+from tests.conftest import ROOT, mlflow_at
 
 CFG = RolloutConfig(max_turns=4, max_new_tokens=40, batch_size=16)
 
@@ -278,15 +278,20 @@ def test_envace_act_names_bad_input(tmp_path):
 
 
 def test_the_pyfunc_model_takes_the_rehearsal_options_and_episodes_become_traces(harmful_agent, tmp_path, monkeypatch):
+    from envace import tracking
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".mlflow").mkdir()
+    with mlflow_at(tracking.local_store(tmp_path)):
+        _predict_with_options_and_trace(harmful_agent, tmp_path)
+
+
+def _predict_with_options_and_trace(harmful_agent, tmp_path):
     import mlflow
 
     from envace import registry, tracking
     from envace.rehearsal.trace import log_trace
 
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking.local_store(tmp_path))
-    (tmp_path / ".mlflow").mkdir()
-    mlflow.set_tracking_uri(tracking.local_store(tmp_path))
     config = {"rollout": CFG.model_dump(), "trainer": {}, "max_seq_len": 0, "memory_episodes": 2}
     _, uri = registry.log_agent(harmful_agent, config, "agent", {})
     agent = mlflow.pyfunc.load_model(uri)
