@@ -265,12 +265,20 @@ def test_envace_act_rehearses_then_holds_the_harmful_transfer(harmful_agent, tmp
 def test_envace_act_names_bad_input(tmp_path):
     bad = tmp_path / "task.json"
     bad.write_text('{"id": "x"}')
-    cases = [(["nope.json"], "no such task file"), ([str(bad)], "not a task"),
-             (["no-such-id"], "no test task with id"), ([str(bad), "--model", str(tmp_path / "m")], "not a task"),
-             (["t", "--rehearse", "-1"], "--rehearse -1")]
-    for args, message in cases:
-        out = subprocess.run([sys.executable, "-m", "envace.cli", "act", *args, "--project-dir", str(ROOT),
-                              "--model", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    project, bare = tmp_path / "project", tmp_path / "bare"
+    (project / "data/prepared").mkdir(parents=True)
+    bare.mkdir()
+    (project / "data/prepared/test.jsonl").write_text(json.dumps({"id": "e", "task": bank_task().to_dict()}) + "\n")
+    cases = [(["nope.json"], project, "no such task file"), ([str(bad)], project, "not a task"),
+             (["no-such-id"], project, "no test task with id 'no-such-id'"),
+             (["t-guard"], bare, "does not exist to look it up as a test task id"),
+             (["t-guard", "--model", str(tmp_path / "m")], project, "no such model directory"),
+             (["t-guard", "--rehearse", "-1"], project, "--rehearse -1")]
+    for args, root, message in cases:
+        out = subprocess.run([sys.executable, "-m", "envace.cli", "act", *(args if "--model" in args else
+                                                                               [*args, "--model", str(tmp_path)]),
+                              "--project-dir", str(root), "--params", str(ROOT / "params.yaml")],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=120)
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
 
 
