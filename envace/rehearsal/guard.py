@@ -85,8 +85,11 @@ def review(policy: Policy, cases: list[tuple[Task, list[tuple[dict, Any]], dict]
     for (task, seen, call), predicted in zip(cases, rehearsed):
         verdict = Verdict(call, predicted)
         for p in preconditions_of(task, call["name"]):
-            held = p.check(call, seen) if preconditions else None
-            (verdict.broken if held is False else verdict.undecided if held is None else []).append(p.text)
+            holds = p.check(call, seen) if preconditions else None
+            if holds is False:
+                verdict.broken.append(p.text)
+            elif holds is None:
+                verdict.undecided.append(p.text)
         reasons = [f"precondition false: {text}" for text in verdict.broken]
         if rehearse and predicted is None:
             reasons.append("its rehearsal could not be read (fail closed)")
