@@ -14,7 +14,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-DOMAIN_NAMES = ("bank", "files", "trading")
+from envace.domains import DOMAINS
+
 
 
 class ParamsError(ValueError):
@@ -38,14 +39,23 @@ class DemonstratorConfig(Section):
 
 class CollectConfig(Section):
     seed: int = 0
-    domains: list[Literal["bank", "files", "trading"]] = list(DOMAIN_NAMES)
+    domains: list[str] = list(DOMAINS)
+    """Built-in names (bank, files, trading), `package.module:OBJECT` (a Domain), or folders
+    (tools.json + episodes.jsonl + optional policy.md, backend.json), relative to the project."""
     tasks_per_domain: int = Field(1400, gt=0)
+    """Tasks generated per built-in domain (a domain with logs imports them instead)."""
+    real_backends: bool = True
+    """False: treat every domain as logs only, even one that declares a real backend."""
     demonstrator: DemonstratorConfig = DemonstratorConfig()
 
     @model_validator(mode="after")
     def _domains_unique(self):
         if len(set(self.domains)) != len(self.domains) or not self.domains:
             raise ValueError("collect.domains must be a non-empty list without repeats")
+        odd = [d for d in self.domains if d not in DOMAINS and ":" not in d and "/" not in d and d != "."]
+        if odd:
+            raise ValueError(f"collect.domains: {', '.join(map(repr, odd))}: expected a built-in domain "
+                             f"({', '.join(DOMAINS)}), package.module:OBJECT, or a folder path (with a /)")
         return self
 
 
@@ -69,7 +79,7 @@ class ValidateDataConfig(Section):
     max_split_share_error: float = Field(0.05, ge=0, le=1)
     """|share of a split - its configured fraction| must stay below this."""
     max_domain_share_error: float = Field(0.1, ge=0, le=1)
-    """Within each split, |share of a domain - 1/number of domains| must stay below this."""
+    """Within each split, |share of a domain - its share of all episodes| must stay below this."""
     max_examples: int = Field(5, ge=1)
     """How many bad rows a failing expectation shows."""
 

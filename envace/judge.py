@@ -24,7 +24,7 @@ from typing import Any
 
 from envace.domains.base import Call, Task
 
-_WORD = re.compile(r"[a-z0-9_$]+(?:[.\-][a-z0-9_]+)*")
+_WORD = re.compile(r"[\w$]+(?:[.\-]\w+)*")  # any script's letters: "zoë" is one word
 
 
 def words(text: str) -> list[str]:

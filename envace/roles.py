@@ -122,20 +122,23 @@ class MinimalTemplate:
         self.bos = bos
 
     def act(self, tools: list[dict], request: str, messages: list[dict], train: bool = True,
-            memory: list[list[dict]] | None = None) -> list[Segment]:
+            memory: list[list[dict]] | None = None, policy: str = "") -> list[Segment]:
         """ACT's context over a whole episode; with `train`, every act message is a target.
-        A rehearsal memory comes before the request, each imagined episode after `<|rehearse|>`:
-        from the request on, the context reads as it does without one."""
+        The domain's policy follows the tool signatures. A rehearsal memory comes before the
+        request, each imagined episode after `<|rehearse|>`: from the request on, the context
+        reads as it does without one."""
         rehearsed = "".join(f"<|rehearse|>{plan_text(m, tools)}" for m in memory or [])
-        segs = [Segment(f"{self.bos}<|act|>{' '.join(signature(t) for t in tools)}{rehearsed}<|user|>{request}")]
+        rules = f"\n{policy}" if policy else ""
+        segs = [Segment(f"{self.bos}<|act|>{' '.join(signature(t) for t in tools)}{rules}{rehearsed}<|user|>{request}")]
         for act_msg, tool_msgs in _pairs(messages):
             segs.append(Segment("<|act|>"))
             segs.append(Segment(act_text(act_msg) + self.end, ACT if train else None))
             segs += [Segment(f"<|tool|>{model_json(t['response'])}") for t in tool_msgs]
         return segs
 
-    def act_prompt(self, tools, request, messages, memory: list[list[dict]] | None = None) -> list[Segment]:
-        return self.act(tools, request, messages, train=False, memory=memory) + [Segment("<|act|>")]
+    def act_prompt(self, tools, request, messages, memory: list[list[dict]] | None = None,
+                   policy: str = "") -> list[Segment]:
+        return self.act(tools, request, messages, train=False, memory=memory, policy=policy) + [Segment("<|act|>")]
 
     def rehearse(self, tools: list[dict], request: str, steps: list[tuple], train: bool = True) -> list[Segment]:
         """REHEARSE's conversation: each step is (call, facts or None, response or None).
@@ -228,10 +231,12 @@ class ChatTemplate:
     def _system(self, header: str, tools: list[dict]) -> str:
         return header if self.native_tools else f"{header} Tools: {' '.join(signature(t) for t in tools)}"
 
-    def act(self, tools, request, messages, train: bool = True, memory: list[list[dict]] | None = None) -> list[Segment]:
+    def act(self, tools, request, messages, train: bool = True, memory: list[list[dict]] | None = None,
+            policy: str = "") -> list[Segment]:
         rehearsed = "".join(f"\nRehearsal {i} (imagined), looked up: {plan_text(m, tools) or 'nothing'}"
                             for i, m in enumerate(memory or [], 1))
-        chat = [{"role": "system", "content": self._system(ACT_SYSTEM, tools) + rehearsed},
+        rules = f"\n{policy}" if policy else ""
+        chat = [{"role": "system", "content": self._system(ACT_SYSTEM, tools) + rules + rehearsed},
                 {"role": "user", "content": request}]
         targets = set()
         for act_msg, tool_msgs in _pairs(messages):
@@ -241,8 +246,9 @@ class ChatTemplate:
                 chat.append({"role": "user", "content": "Tool responses: " + " ".join(model_json(t["response"]) for t in tool_msgs)})
         return self._segments(chat, targets if train else set(), ACT, tools if self.native_tools else None)
 
-    def act_prompt(self, tools, request, messages, memory: list[list[dict]] | None = None) -> list[Segment]:
-        return self.act(tools, request, messages, train=False, memory=memory)
+    def act_prompt(self, tools, request, messages, memory: list[list[dict]] | None = None,
+                   policy: str = "") -> list[Segment]:
+        return self.act(tools, request, messages, train=False, memory=memory, policy=policy)
 
     def rehearse(self, tools, request, steps, train: bool = True) -> list[Segment]:
         chat = [{"role": "system", "content": self._system(REHEARSE_SYSTEM, tools)}]
@@ -327,14 +333,13 @@ def parse_act(text: str, tools: list[dict], max_calls: int, end: str = MinimalTe
     return ActOutput(calls=calls)
 
 
-def parse_rehearse(text: str, end: str = MinimalTemplate.end) -> dict | Failure:
-    """REHEARSE's output → one JSON object, or a Failure."""
+def parse_rehearse(text: str, end: str = MinimalTemplate.end) -> Any:
+    """REHEARSE's output → one JSON value (a tool may answer with any, plain text as a string),
+    or a Failure."""
     try:
         value = json.loads(_strip(text, end))
     except (json.JSONDecodeError, ValueError):
         return Failure("rehearse_not_json", text)
-    if not isinstance(value, dict):
-        return Failure("rehearse_not_object", text)
     return unindexed(value)
 
 

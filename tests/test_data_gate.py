@@ -90,13 +90,21 @@ def test_test_task_leaked_into_train(project, tiny_params):
     assert f"train.jsonl:{n}" in msg
 
 
-def test_response_that_is_not_a_json_object(project, tiny_params):
+def test_response_that_is_not_json(project, tiny_params):
     def corrupt(ep):
-        next(m for m in ep["messages"] if m["role"] == "tool")["response"] = "Error: boom"
+        next(m for m in ep["messages"] if m["role"] == "tool")["response"] = float("nan")  # Python writes NaN
 
     _edit_line("test", 1, corrupt)
     msg = _gate_failure(tiny_params)
-    assert "every response is a JSON object" in msg and "test.jsonl:1" in msg
+    assert "every response is a JSON value" in msg and "test.jsonl:1" in msg
+
+
+def test_plain_text_response_passes(project, tiny_params):
+    """A tool may answer in plain text (a JSON string): that is a valid response."""
+    from envace.stages import validate_data
+
+    _edit_line("test", 1, lambda ep: next(m for m in ep["messages"] if m["role"] == "tool").update(response="Error: boom"))
+    validate_data.run(tiny_params)
 
 
 def test_split_too_small(project, tiny_params):
@@ -107,9 +115,9 @@ def test_split_too_small(project, tiny_params):
 
 
 def test_domain_imbalance(project, tiny_params):
-    _write("test", [l for l in _lines("test") if '"domain": "bank"' not in l])
+    _write("test", [l for l in _lines("test") if '"domain": "bank"' in l])  # a test split of bank alone
     msg = _gate_failure(tiny_params)
-    assert "domains are balanced within every split" in msg and "test/bank" in msg
+    assert "every split holds each domain in its overall share" in msg and "test/bank" in msg
 
 
 def test_missing_prepared_file_is_a_clear_error(project, tiny_params):

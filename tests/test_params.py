@@ -28,7 +28,7 @@ def test_unknown_section_is_an_error_naming_it():
     [
         ({"collect": {"tasks_per_domain": "many"}}, "collect.tasks_per_domain"),
         ({"collect": {"demonstrator": {"slip_rate": 1.5}}}, "collect.demonstrator.slip_rate"),
-        ({"collect": {"domains": ["bank", "casino"]}}, "collect.domains.1"),
+        ({"collect": {"domains": ["bank", "casino"]}}, "collect.domains: 'casino'"),
         ({"prepare": {"val_fraction": 0.5, "test_fraction": 0.5}}, "prepare"),
         ({"validate_data": {"min_split_sizes": {"dev": 3}}}, "validate_data.min_split_sizes.dev"),
     ],

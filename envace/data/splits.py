@@ -26,7 +26,10 @@ def _groups(episodes: list[dict]) -> list[int]:
     first_seen: dict[tuple, int] = {}
     for i, ep in enumerate(episodes):
         task = ep["task"]
-        for key in (("id", task["id"]), ("request", task["request"]), ("scenario", scenario_key(task["scenario"]))):
+        keys = [("id", task["id"]), ("request", task["request"])]
+        if task["scenario"]:  # imported logs may have none: an empty scenario ties nothing together
+            keys.append(("scenario", scenario_key(task["scenario"])))
+        for key in keys:
             j = first_seen.setdefault(key, i)
             parent[find(i)] = find(j)
     return [find(i) for i in range(len(episodes))]

@@ -5,7 +5,13 @@ Byte-level BPE splits ids and names into pieces a small model cannot copy reliab
 `q1.txt`), single spaces and single punctuation marks, then train a BPE whose merges
 rebuild every word seen in training as one token. A word never seen in training is
 still encodable: it falls back to its characters (printable ASCII is always in the
-vocabulary), so decoding is exact and no `<unk>` appears for ASCII text.
+vocabulary), and any other character (`ë`, `東`, an emoji, a control character) falls back
+to its UTF-8 bytes (`<0xC3><0xAB>`), so every text encodes without `<unk>` and decodes
+exactly: a value never seen in training can still be copied. The alphabet stays printable
+ASCII even when training text has other characters, so those always go through bytes (a
+non-ASCII word seen in training is its ASCII parts plus byte tokens, not one token); that
+keeps the learned vocabulary independent of the byte fallback. The 256 byte tokens come
+after every learned token, so the learned ids are those of a BPE trained without them.
 Trained on the training split plus the tool schemas only — never on val/test.
 """
 
@@ -101,10 +107,9 @@ def schema_texts(schemas: Iterable[dict]) -> Iterator[str]:
         yield compact_json(schema)
 
 
-def train_tokenizer(texts: Iterable[str], min_frequency: int = 1):
-    """Train the word-level BPE and wrap it as a `PreTrainedTokenizerFast` (left padding)."""
+def _train_bpe(texts: Iterable[str], min_frequency: int):
+    """The plain word-level BPE (no byte fallback): its vocabulary is the first ids of ours."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(PIECE_PATTERN), behavior="isolated")
@@ -118,6 +123,29 @@ def train_tokenizer(texts: Iterable[str], min_frequency: int = 1):
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def train_tokenizer(texts: Iterable[str], min_frequency: int = 1):
+    """Train the word-level BPE, add the byte fallback and wrap it as a
+    `PreTrainedTokenizerFast` (left padding).
+
+    >>> tok = train_tokenizer(["hello world"])
+    >>> ids = tok.encode('{"name":"zoë"} 東京', add_special_tokens=False)
+    >>> tok.unk_token_id in ids, tok.decode(ids)
+    (False, '{"name":"zoë"} 東京')
+    """
+    from tokenizers import decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = _train_bpe(texts, min_frequency)
+    bpe = json.loads(tok.to_str())["model"]
+    vocab = dict(bpe["vocab"])
+    # Appended, so no learned id moves. No learned token can look like `<0x41>`: `<` is always
+    # a piece of its own.
+    vocab.update({f"<0x{b:02X}>": len(bpe["vocab"]) + b for b in range(256)})
+    tok.model = models.BPE(vocab, [tuple(m) for m in bpe["merges"]], unk_token="<unk>", byte_fallback=True)
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])  # bytes back to UTF-8
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
         additional_special_tokens=SPECIAL_TOKENS[4:], padding_side="left", clean_up_tokenization_spaces=False,

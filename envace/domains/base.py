@@ -135,6 +135,8 @@ class Tool:
     parameters: dict
     risk: Literal["low", "high"] = "low"
     preconditions: tuple[str | Precondition, ...] = ()
+    read_only: bool = False
+    """A lookup that changes nothing (a logged episode's checklist is derived from the other calls)."""
 
     def __post_init__(self):
         if self.risk == "high" and not self.preconditions:
@@ -263,11 +265,15 @@ class Task:
     slots: dict = field(default_factory=dict)
     """The values the request was written from (what the user said, as data)."""
     split: str | None = None
+    policy: str = ""
+    """Instructions the production agent follows (a plug-in domain's policy.md), shown to ACT."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if d["split"] is None:
             del d["split"]
+        if not d["policy"]:
+            del d["policy"]
         return d
 
     @classmethod
@@ -281,31 +287,68 @@ class Task:
         return [t["function"]["name"] for t in self.tools]
 
 
+class NoBackend(RuntimeError):
+    """A domain without a real backend (logs only) was asked to run a call for real."""
+
+
+class _NoFacts:
+    """The fact source of a domain whose backend cannot tell them: REHEARSE learns from history alone."""
+
+    def facts(self, call: Call) -> None:
+        return None
+
+
 @dataclass(frozen=True)
 class Domain:
     name: str
-    backend: type[Backend]
-    task_types: tuple[str, ...]
-    make_task: Callable[[random.Random, str, str], Task]
+    backend: Callable[[Any], Backend] | None
+    """The real environment: a `Backend` class (or any factory) called with a scenario, once per
+    episode; None for a logs-only domain (no real evaluation is possible)."""
+    task_types: tuple[str, ...] = ()
+    make_task: Callable[[random.Random, str, str], Task] | None = None
     """(rng, task_type, task_id) -> a task without ground truth (see `generate_tasks`)."""
-    demonstrate: Callable[[Task, "Mistakes"], Script]
+    demonstrate: Callable[[Task, "Mistakes"], Script] | None = None
+    """A scripted demonstrator; a domain without one brings `logs` instead."""
     interchangeable: tuple[tuple[str, ...], ...] = ()
     """Classes of names (ids, file names, owners) that the backend only compares for
     equality: renaming them consistently within an episode leaves it valid."""
     probes: Callable[[dict, random.Random], list[Call]] | None = None
     """(scenario, rng) -> read-only calls to make on a scenario's real backend during warmup:
     practice for REHEARSE on tools the demonstrator seldom calls (see `train.data`)."""
+    declared_tools: tuple[Tool, ...] = ()
+    """The tools when the backend does not define them (a declarative folder's tools.json)."""
+    logs: Any = None
+    """The logged episodes `collect` imports (a path), instead of generating with `demonstrate`."""
+    policy: str = ""
+    """Instructions the production agent follows, shown to ACT before every request."""
+    backend_kind: Literal["python", "mcp", "none"] = "python"
 
     @property
     def tools(self) -> tuple[Tool, ...]:
-        return self.backend.tools
+        return self.declared_tools or self.backend.tools
 
     def schemas(self) -> list[dict]:
         return [t.schema() for t in self.tools]
 
+    @property
+    def has_facts(self) -> bool:
+        """Whether the backend tells the scenario facts a call touches (privileged input for REHEARSE)."""
+        return isinstance(self.backend, type) and issubclass(self.backend, Backend) \
+            and self.backend.facts is not Backend.facts
+
+    def fact_source(self, scenario: Any):
+        """What reads a scenario's facts; it never executes a call (no facts: every call gets None)."""
+        return self.backend(scenario) if self.has_facts else _NoFacts()
+
+    def real(self, scenario: Any) -> Backend:
+        """A fresh real backend for one episode."""
+        if self.backend is None:
+            raise NoBackend(f"domain {self.name!r} has no real backend (logs only): nothing can run for real")
+        return self.backend(scenario)
+
     def replay(self, task: Task) -> Backend:
         """A fresh backend after replaying the task's ground truth."""
-        backend = self.backend(task.scenario)
+        backend = self.real(task.scenario)
         for turn in task.checklist.ground_truth:
             for call in turn:
                 backend.execute(call, task.tool_names)

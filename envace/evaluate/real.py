@@ -10,6 +10,21 @@ from envace.evaluate import success_rates, wilson
 from envace.rollout.runner import ACT, EpisodeRunner, RealResponder
 
 
+def backend_kind(tasks: list[Task]) -> str:
+    """Which kind of real backend answers these tasks: python, mcp or none (joined with + if mixed)."""
+    from envace.domains import get_domain
+
+    return "+".join(sorted({get_domain(t.domain).backend_kind for t in tasks})) or "none"
+
+
+def unavailable(tasks: list[Task]) -> str | None:
+    """Why these tasks cannot be played for real (None when every one has a real backend)."""
+    from envace.domains import get_domain
+
+    missing = sorted({t.domain for t in tasks if get_domain(t.domain).backend is None})
+    return f"no real backend for domain(s) {', '.join(missing)} (logs only)" if missing else None
+
+
 def real_success(policy, tasks: list[Task], cfg: RolloutConfig, temperature: float = 0.0,
                  leak_words: frozenset[str] = frozenset()) -> dict:
     """Success rate (with its 95% Wilson interval), per domain and task type, turns and ACT

@@ -111,7 +111,7 @@ def _reach_high_risk(task: Task):
     """Play the demonstrator (checks skipped) in the real backend up to its first high-risk
     call: (backend at that point, real history, the call), or None if it never makes one."""
     domain = get_domain(task.domain)
-    backend = domain.backend(task.scenario)
+    backend = domain.real(task.scenario)
     script, seen = domain.demonstrate(task, Mistakes(skip_check=True)), []
     try:
         turn = next(script)

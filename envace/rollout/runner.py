@@ -148,7 +148,7 @@ class RealResponder:
     source = "real"
 
     def start(self, episodes: list[Episode]) -> None:
-        self.backends = {id(e): get_domain(e.task.domain).backend(e.task.scenario) for e in episodes}
+        self.backends = {id(e): get_domain(e.task.domain).real(e.task.scenario) for e in episodes}
 
     def respond(self, requests):
         out = []
@@ -175,7 +175,7 @@ class ModelResponder:
     def start(self, episodes: list[Episode]) -> None:
         # privileged facts are read from the task's scenario; no call is ever executed, and
         # without privileged facts no backend is even built
-        self.fact_sources = {id(e): get_domain(e.task.domain).backend(e.task.scenario) for e in episodes} \
+        self.fact_sources = {id(e): get_domain(e.task.domain).fact_source(e.task.scenario) for e in episodes} \
             if self.privileged else {}
         self.steps: dict[int, list[tuple]] = {id(e): [] for e in episodes}  # (call, facts shown, response)
         self.asked: dict[int, int] = {id(e): 0 for e in episodes}  # calls rehearsed so far
@@ -270,7 +270,7 @@ class EpisodeRunner:
     def _act(self, live: list[Episode]) -> list[Episode]:
         """One ACT turn for every live episode; returns those that made calls."""
         tmpl = self.policy.template
-        prompts = [self.policy.encode(tmpl.act_prompt(e.task.tools, e.task.request, e.messages, e.memory)) for e in live]
+        prompts = [self.policy.encode(tmpl.act_prompt(e.task.tools, e.task.request, e.messages, e.memory, e.task.policy)) for e in live]
         streams = [mix64(e.stream, len(e.generations)) for e in live]
         outputs = self.policy.generate(prompts, self.cfg.max_new_tokens, self.temperature, self.cfg.top_p, streams)
         calling = []
@@ -292,7 +292,7 @@ class EpisodeRunner:
     def _judge(self, episode: Episode) -> None:
         """Success from the checklist; in the real environment, the final state too."""
         expected = None
-        if isinstance(self.responder, RealResponder):
-            episode.final_state = self.responder.final_state(episode)
+        if isinstance(self.responder, RealResponder) and episode.task.checklist.ground_truth:
+            episode.final_state = self.responder.final_state(episode)  # compared when the ground truth is known
             expected = get_domain(episode.task.domain).replay(episode.task).state()
         episode.success = judge.success(episode.task, episode.calls, episode.answer, episode.final_state, expected)

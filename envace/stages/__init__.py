@@ -20,6 +20,8 @@ class StageFailed(RuntimeError):
 
 def main(name: str, run: Callable, variants: tuple[str, ...] = ()) -> None:
     from envace.config import ParamsError, load_params
+    from envace.data.logs import LogError
+    from envace.domains import DomainError, use_domains
 
     parser = argparse.ArgumentParser(prog=f"python -m envace.stages.{name}", description=run.__doc__)
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
@@ -28,8 +30,10 @@ def main(name: str, run: Callable, variants: tuple[str, ...] = ()) -> None:
     args = parser.parse_args()
     start = time.perf_counter()
     try:
-        outputs = run(load_params(args.params), *([args.variant] if variants else []))
-    except (ParamsError, StageFailed) as err:
+        params = load_params(args.params)
+        use_domains(params.collect.domains, real_backends=params.collect.real_backends)
+        outputs = run(params, *([args.variant] if variants else []))
+    except (ParamsError, StageFailed, DomainError, LogError) as err:
         print(f"{name}: {err}", file=sys.stderr)
         sys.exit(1)
     print(f"{name}: done in {time.perf_counter() - start:.1f}s -> {', '.join(map(str, outputs.values()))}")

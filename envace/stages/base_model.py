@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from envace.config import Params
+from envace.domains import use_domains
 from envace.io import write_json
 from envace.stages import StageFailed
 from envace.stages.prepare import TOKENIZER
@@ -34,7 +35,8 @@ def run(params: Params) -> dict[str, Path]:
 
     start = time.perf_counter()
     try:
-        model, tokenizer = base_checkpoint(params.model, TOKENIZER)
+        schemas = [s for domain in use_domains(params.collect.domains) for s in domain.schemas()]
+        model, tokenizer = base_checkpoint(params.model, TOKENIZER, schemas)
     except (CheckpointError, TemplateError) as err:
         raise StageFailed(f"model.source {params.model.source!r}: {err}") from None
     save(model, tokenizer, MODEL_DIR)

@@ -1,8 +1,14 @@
-"""collect — generate tasks and run the demonstrator in the real backends.
+"""collect — the episodes every later stage learns from, one domain at a time.
 
-Writes `data/raw/episodes.jsonl` (one episode per line, every response exactly as the
-backend returned it; format in `envace.data.episodes`) and `metrics/collect.json` with the
-demonstrator's success per domain and per task type.
+A built-in domain (or any with a scripted demonstrator) generates tasks and runs the
+demonstrator in its real backend; a domain that brings logs (a folder's episodes.jsonl)
+has them validated line by line and imported (`envace.data.logs`) — the first bad line
+stops the stage naming file:line and field, and nothing is written.
+
+Writes `data/raw/episodes.jsonl` (one episode per line, every response exactly as the real
+tool returned it; format in `envace.data.episodes`) and `metrics/collect.json`: success per
+domain and task type, and per domain where its episodes came from, which backend it has,
+whether REHEARSE gets privileged facts, and how the checklists were obtained.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from tqdm import tqdm
 
 from envace.config import Params
 from envace.data.demonstrations import demonstrate, generate_tasks
-from envace.domains import get_domain
+from envace.data.logs import import_logs
+from envace.domains import use_domains
 from envace.evaluate import success_rates
 from envace.io import write_json, write_jsonl
 
@@ -23,18 +30,32 @@ METRICS = Path("metrics/collect.json")
 
 
 def run(params: Params) -> dict[str, Path]:
-    """Generate tasks and demonstrator episodes in the real backends."""
+    """Generate demonstrator episodes or import logged ones, per configured domain."""
     cfg = params.collect
-    episodes = []
-    for name in cfg.domains:
-        domain = get_domain(name)
-        tasks = generate_tasks(domain, cfg.tasks_per_domain, cfg.seed)
-        rng = random.Random(f"{cfg.seed}-demonstrator-{name}")
-        for task in tqdm(tasks, desc=f"collect {name}", unit="task", leave=False):
-            episodes.append(demonstrate(domain, task, cfg.demonstrator, rng))
+    episodes, sources = [], {}
+    for domain in use_domains(cfg.domains, real_backends=cfg.real_backends):
+        if domain.logs is not None:
+            imported, sources[domain.name] = import_logs(domain)
+            episodes += imported
+        else:
+            episodes += generated(domain, params)
+            sources[domain.name] = {"episodes": cfg.tasks_per_domain, "generated": True}
+        sources[domain.name].update(backend=domain.backend_kind, privileged_facts=domain.has_facts)
     write_jsonl(RAW, episodes)
-    write_json(METRICS, success_report(episodes))
+    write_json(METRICS, {**success_report(episodes), "sources": sources})
     return {"episodes": RAW, "metrics": METRICS}
+
+
+def generated(domain, params: Params) -> list[dict]:
+    cfg = params.collect
+    if domain.demonstrate is None or domain.backend is None:
+        from envace.stages import StageFailed
+
+        raise StageFailed(f"domain {domain.name!r} has neither logs nor a demonstrator with a real backend")
+    tasks = generate_tasks(domain, cfg.tasks_per_domain, cfg.seed)
+    rng = random.Random(f"{cfg.seed}-demonstrator-{domain.name}")
+    return [demonstrate(domain, task, cfg.demonstrator, rng)
+            for task in tqdm(tasks, desc=f"collect {domain.name}", unit="task", leave=False)]
 
 
 def success_report(episodes: list[dict]) -> dict:

@@ -5,8 +5,10 @@ Wilson interval, per domain and per task type; turns and ACT tokens per task; th
 leak rate; rehearsal accuracy on the test responses (with and without the privileged
 facts); and the real-backend calls it made in training. One MLflow run per variant.
 
-Writes `metrics/eval.json` ({"variants": {name: {"success", "ci_low", "ci_high", "n",
-"real_env_calls_train", ...}}}) and the comparison table `reports/eval.md`.
+Writes `metrics/eval.json` ({"backend": "python" | "mcp" | "none", "available", "variants": {name:
+{"success", "ci_low", "ci_high", "n", "real_env_calls_train", ...}}}) and the comparison table
+`reports/eval.md`. A logs-only domain cannot be played for real: the file says so
+(`"available": false` and the reason) and holds no variant.
 """
 
 from __future__ import annotations
@@ -31,16 +33,24 @@ def run(params: Params) -> dict[str, Path]:
     import torch
 
     from envace.domains.base import Task
+    from envace.evaluate.real import backend_kind, unavailable
     from envace.stages.warmup import spread
     from envace.train.grpo import VARIANTS, leak_words_of
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+    test = spread(list(read_jsonl(PREPARED / "test.jsonl")), params.evaluate.tasks)
+    tasks = [Task.from_dict(e["task"]) for e in test]
+    why_not = unavailable(tasks)
+    if why_not:  # logs only: say so, never fake a real evaluation
+        summary = {"backend": "none", "available": False, "reason": why_not, "variants": {}, "n_tasks": 0}
+        write_json(METRICS, summary)
+        write_text(REPORT, f"# Evaluation\n\nReal-environment evaluation was not possible: {why_not}.\n")
+        print(f"evaluate: not possible: {why_not}", flush=True)
+        return {"metrics": METRICS, "report": REPORT}
     missing = [v for v in VARIANTS if not any((TRAIN_MODELS / v / f).exists() for f in ("config.json", "adapter_config.json"))]
     if missing:
         raise StageFailed(f"no trained model for variant(s) {', '.join(missing)} under {TRAIN_MODELS}: "
                           f"run `python -m envace.stages.train --variant <name>` (or `dvc repro train`) first")
-    test = spread(list(read_jsonl(PREPARED / "test.jsonl")), params.evaluate.tasks)
-    tasks = [Task.from_dict(e["task"]) for e in test]
     leak = frozenset(leak_words_of(list(read_jsonl(PREPARED / "train.jsonl"))))
     results = {}
     for variant in VARIANTS:
@@ -48,7 +58,7 @@ def run(params: Params) -> dict[str, Path]:
         r = results[variant]
         print(f"evaluate[{variant}]: success {r['success']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] on {r['n']} "
               f"tasks; real-backend calls in training {r['real_env_calls_train']}", flush=True)
-    summary = {"variants": results, "n_tasks": len(tasks)}
+    summary = {"backend": backend_kind(tasks), "available": True, "variants": results, "n_tasks": len(tasks)}
     write_json(METRICS, summary)
     write_text(REPORT, report(summary))
     _log_runs(summary, params)
@@ -76,7 +86,7 @@ def evaluate_variant(variant: str, params: Params, test: list[dict], tasks: list
 def report(summary: dict) -> str:
     variants = summary["variants"]
     lines = [
-        f"# Evaluation: {summary['n_tasks']} held-out tasks in the real backends", "",
+        f"# Evaluation: {summary['n_tasks']} held-out tasks in the real backends ({summary['backend']})", "",
         "| variant | success | 95% CI | real calls in training | turns/task | ACT tokens/task | leak rate "
         "| rehearsal exact (facts / none) |",
         "|---|---|---|---|---|---|---|---|",

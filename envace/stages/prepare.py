@@ -2,7 +2,7 @@
 
 Reads `data/raw/episodes.jsonl`; writes `data/prepared/{train,val,test}.jsonl` (the same
 episode format, each task tagged with its split), `data/prepared/tokenizer/` (a
-`PreTrainedTokenizerFast` trained on the training split plus the tool schemas only), and
+`PreTrainedTokenizerFast` trained on the training split plus the configured domains' tool schemas only), and
 `metrics/prepare.json`.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from envace.config import Params
 from envace.data.splits import assign_splits
 from envace.data.tokenizer import episode_texts, schema_texts, train_tokenizer
-from envace.domains import DOMAINS, get_domain
+from envace.domains import use_domains
 from envace.io import atomic_dir, read_jsonl, write_json, write_jsonl
 from envace.stages import StageFailed
 from envace.stages.collect import RAW
@@ -42,7 +42,7 @@ def run(params: Params) -> dict[str, Path]:
     for split, rows in by_split.items():
         write_jsonl(PREPARED / f"{split}.jsonl", rows)
 
-    schemas = [s for name in DOMAINS for s in get_domain(name).schemas()]
+    schemas = [s for domain in use_domains(params.collect.domains) for s in domain.schemas()]  # the configured tools
     texts = [t for ep in by_split["train"] for t in episode_texts(ep)] + list(schema_texts(schemas))
     tokenizer = train_tokenizer(texts, cfg.min_token_frequency)
     with atomic_dir(TOKENIZER) as tmp:

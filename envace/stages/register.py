@@ -42,7 +42,11 @@ def run(params: Params) -> dict[str, Path]:
         raise StageFailed(f"no trained model in {model_dir}: run the train stage first (`dvc repro train`)")
     if not EVAL_METRICS.exists():
         raise StageFailed(f"{EVAL_METRICS} is missing: run the evaluate stage first")
-    evaluated = json.loads(EVAL_METRICS.read_text())["variants"].get(cfg.variant)
+    evaluation = json.loads(EVAL_METRICS.read_text())
+    if not evaluation.get("available", True):
+        raise StageFailed(f"nothing to register on: real-environment evaluation was not possible ({evaluation['reason']}); "
+                          "a logs-only project stops after evaluate (`envace run --until evaluate`)")
+    evaluated = evaluation["variants"].get(cfg.variant)
     if evaluated is None:
         raise StageFailed(f"{EVAL_METRICS} holds no result for variant {cfg.variant!r}")
     tasks = [e["task"] for e in spread(list(read_jsonl(PREPARED / "test.jsonl")), params.evaluate.tasks)]

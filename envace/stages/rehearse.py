@@ -39,6 +39,7 @@ def run(params: Params) -> dict[str, Path]:
 
     from envace.domains.base import Task
     from envace.evaluate.test_time import budget_curve, guard_contexts, guard_end_to_end, guard_table
+    from envace.evaluate.real import unavailable
     from envace.rollout.runner import load_policy
     from envace.stages.warmup import spread
 
@@ -49,6 +50,9 @@ def run(params: Params) -> dict[str, Path]:
         raise StageFailed(f"no trained model for {', '.join(missing)} under {TRAIN_MODELS}: run the train stage first")
     test = [Task.from_dict(e["task"]) for e in read_jsonl(PREPARED / "test.jsonl")]
     tasks = spread(test, cfg.tasks)
+    why_not = unavailable(test)
+    if why_not:
+        raise StageFailed(f"test-time rehearsal is measured in the real backends, and {why_not}")
     contexts = guard_contexts(test)
     summary: dict = {"private_real_calls": 0, "tasks": [t.id for t in tasks], "curve": {}, "guard": {}}
     traced = {}

@@ -38,6 +38,7 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     import torch
 
     from envace.domains.base import Task
+    from envace.evaluate.real import unavailable
     from envace.model import autocast_dtype, load, max_len, precision_of, save, weights_dtype
     from envace.rollout.runner import Policy
     from envace.tracking import lightning_logger
@@ -62,6 +63,12 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
 
     episodes = list(read_jsonl(PREPARED / "train.jsonl"))
     tasks = [Task.from_dict(e["task"]) for e in episodes]
+    if variant == "real_env" and unavailable(tasks):  # logs only: nothing to train against, said so
+        save(model, tokenizer, out_dir)
+        write_json(metrics_path, {"variant": variant, "steps": 0, "real_env_calls_train": 0, "history": [],
+                                  "skipped": unavailable(tasks)})
+        print(f"train[real_env]: skipped: {unavailable(tasks)}", flush=True)
+        return {"model": out_dir, "metrics": metrics_path}
     simulator = None
     if variant == "simulator":
         frozen = load(WARMUP_DIR, dtype=weights_dtype(precision))[0].eval().requires_grad_(False)

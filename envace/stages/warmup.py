@@ -42,7 +42,7 @@ def run(params: Params) -> dict[str, Path]:
     import torch
 
     from envace.domains.base import Task
-    from envace.evaluate.real import real_success
+    from envace.evaluate.real import real_success, unavailable
     from envace.evaluate.rehearsal import rehearsal_accuracy
     from envace.gates.rehearsal import core_tools
     from envace.model import autocast_dtype, load, max_len, precision_of, save, weights_dtype, with_lora
@@ -69,6 +69,7 @@ def run(params: Params) -> dict[str, Path]:
     check = spread(val, cfg.check_episodes)
     confirm = spread(val, gate.episodes)  # the gate's own sample size (0: all of val)
     test_tasks = spread([Task.from_dict(e["task"]) for e in read_jsonl(PREPARED / "test.jsonl")], cfg.eval_tasks)
+    no_real = unavailable(test_tasks)  # a logs-only domain: ACT's real success cannot be measured
 
     dataset = SFTDataset(train, policy.template, tokenizer, params.roles.privileged_dropout, cfg.seed,
                          max_len=policy.max_len, max_repeat=cfg.rare_tool_repeat, relabel_rate=cfg.relabel_rate,
@@ -108,7 +109,8 @@ def run(params: Params) -> dict[str, Path]:
         the full real-backend result)."""
         policy.model.eval()
         acc = rehearsal_accuracy(policy, check, privileged=True, max_new_tokens=params.rollout.max_new_tokens)
-        real = real_success(policy, test_tasks, params.rollout)
+        real = real_success(policy, test_tasks, params.rollout) if not no_real else \
+            {"success": None, "act_parse_rate": None, "n": 0, "unavailable": no_real}
         model.train()
         return {"real_success": real["success"], "act_parse_rate": real["act_parse_rate"],
                 "rehearsal_exact": acc["exact"], "rehearsal_parse_rate": acc["parse_rate"],
@@ -176,9 +178,10 @@ def run(params: Params) -> dict[str, Path]:
         "per_epoch": epochs, "stopped_by": "gate" if len(epochs) < cfg.max_epochs else "max_epochs",
         "ranks": trainer.world_size, "train_episodes": len(train), "before": before, "after": after,
     })
-    print(f"warmup: {len(epochs)} epoch(s) in {wall:.0f}s; ACT greedy real success {before.get('real_success', 0):.3f}"
-          f" -> {real['success']:.3f} on {real['n']} held-out tasks; ACT outputs parsed "
-          f"{before.get('act_parse_rate', 0):.2f} -> {after['act_parse_rate']:.2f}, rehearsals parsed "
+    real_text = (f"ACT greedy real success {before.get('real_success') or 0:.3f} -> {real['success']:.3f} on {real['n']} "
+                 f"held-out tasks; ACT outputs parsed {before.get('act_parse_rate') or 0:.2f} -> {after['act_parse_rate']:.2f}"
+                 if real["success"] is not None else f"ACT's real success not measured: {no_real}")
+    print(f"warmup: {len(epochs)} epoch(s) in {wall:.0f}s; {real_text}, rehearsals parsed "
           f"{before.get('rehearsal_parse_rate', 0):.2f} -> {after['rehearsal_parse_rate']:.2f}", flush=True)
     return {"model": MODEL_DIR, "metrics": METRICS, "plots": EPOCH_PLOT}
 

@@ -40,8 +40,8 @@ def recorded_calls(episode: dict) -> list[tuple[dict, dict]]:
 
 
 def fact_source(task: dict):
-    """A backend built from the task's scenario, used only to read facts: it never executes."""
-    return get_domain(task["domain"]).backend(task["scenario"])
+    """What reads the task's scenario facts (its domain's backend, or nothing): it never executes."""
+    return get_domain(task["domain"]).fact_source(task["scenario"])
 
 
 def repeats(episodes: list[dict], max_repeat: int) -> list[int]:
@@ -100,7 +100,7 @@ def probe_calls(task: dict, rng: random.Random) -> list[tuple[dict, dict]]:
     probes = get_domain(task["domain"]).probes
     if probes is None:
         return []
-    backend, offered = fact_source(task), [t["function"]["name"] for t in task["tools"]]
+    backend, offered = get_domain(task["domain"]).real(task["scenario"]), [t["function"]["name"] for t in task["tools"]]
     return [(c, backend.execute(c, offered)) for c in probes(task["scenario"], rng)]
 
 
@@ -109,7 +109,7 @@ def episode_segments(episode: dict, template, rng: random.Random, privileged_dro
     """The rendered examples of one episode: its ACT conversation, its REHEARSE conversation
     and, with probability `probe_rate`, a REHEARSE conversation of probes of its scenario."""
     task = episode["task"]
-    out = [template.act(task["tools"], task["request"], episode["messages"])]
+    out = [template.act(task["tools"], task["request"], episode["messages"], policy=task.get("policy", ""))]
     facts = fact_source(task)
     probed = probe_rate and rng.random() < probe_rate  # no draw when off: the same stream as without probes
     for recorded in (recorded_calls(episode), probe_calls(task, rng) if probed else []):

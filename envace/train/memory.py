@@ -45,7 +45,7 @@ def memory_examples(episodes: list[dict], template, tokenizer, n: int, seed: int
             memory = [messages[1:]]
             if rng.random() < 0.5:
                 memory.append(rng.choice(kinds[(task["domain"], task["task_type"])])["messages"][1:])
-        ids, roles = encode(tokenizer, template.act(task["tools"], task["request"], messages, memory=memory))
+        ids, roles = encode(tokenizer, template.act(task["tools"], task["request"], messages, memory=memory, policy=task.get("policy", "")))
         out.append((ids[:max_len], roles[:max_len]))
     return out
 

@@ -1,0 +1,78 @@
+"""The word-level tokenizer's byte fallback: any text, seen or not, encodes without `<unk>`
+and decodes exactly, while the learned ids stay those of the plain BPE."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from envace.data.tokenizer import _train_bpe, compact_json, is_word_level, train_tokenizer
+
+CORPUS = [
+    "Send 25 from Alice to Bob",
+    compact_json([{"name": "transfer", "arguments": {"account_id": "A17", "amount": 227.16}}]),
+    compact_json({"files": {"$0": "q1.txt", "$1": "notes.md"}, "branch": "main"}),
+    "List the files of Bob\tthen stop\n",
+]
+UNSEEN = [
+    "PR-99821", "zoë-müller", "José", "Ångström", "東京", "🚀", "👩‍💻 done", "feature/ångström-2",
+    "tab\x0bvertical\x0cfeed", "naïve café", "Привет, мир",
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(CORPUS)
+
+
+def assert_exact(tok, text):
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.unk_token_id not in ids, (text, tok.convert_ids_to_tokens(ids))
+    assert tok.decode(ids) == text
+
+
+@pytest.mark.parametrize("value", UNSEEN)
+def test_unseen_values_are_exact(tok, value):
+    assert_exact(tok, value)
+    assert_exact(tok, compact_json({"branch": value}))  # as a JSON value, after its key piece
+    assert_exact(tok, f"Merge {value} into main")
+
+
+def test_json_with_unicode_and_batch_decode(tok):
+    text = '{"branch":"zoë-fix"}'
+    assert_exact(tok, text)
+    batch = tok(["Alice", text], add_special_tokens=False, padding=True)
+    assert batch["input_ids"][0][0] == tok.pad_token_id  # left padding still
+    assert tok.batch_decode(batch["input_ids"], skip_special_tokens=True) == ["Alice", text]
+
+
+def test_seen_words_are_one_token(tok):
+    assert is_word_level(tok)
+    for word in ["Alice", "transfer", "227.16", "q1.txt", '"account_id":"']:
+        assert tok.tokenize(word) == [word]
+
+
+@pytest.mark.parametrize("corpus", [CORPUS, CORPUS + ["zoë paid José 5€"]], ids=["ascii", "unicode"])
+def test_learned_ids_unchanged(corpus):
+    plain, tok = _train_bpe(corpus, 1), train_tokenizer(corpus)
+    vocab, n = tok.get_vocab(), plain.get_vocab_size()
+    assert {t: i for t, i in vocab.items() if i < n} == plain.get_vocab()
+    assert len(tok) == n + 256
+    assert [tok.convert_ids_to_tokens(n + b) for b in (0, 0x41, 0xFF)] == ["<0x00>", "<0x41>", "<0xFF>"]
+    # Any ASCII text, seen or not, gets the very ids the plain BPE gives.
+    for text in corpus + ["PR-99821 and zzz", compact_json({"unseen_key": "x9"})]:
+        if text.isascii():
+            assert tok.encode(text, add_special_tokens=False) == plain.encode(text).ids
+
+
+def test_save_load_round_trip(tok, tmp_path):
+    tok.save_pretrained(tmp_path)
+    loaded = PreTrainedTokenizerFast.from_pretrained(tmp_path)
+    assert json.loads(loaded.backend_tokenizer.to_str())["model"]["byte_fallback"] is True
+    assert is_word_level(loaded) and loaded.padding_side == "left"
+    assert loaded.get_vocab() == tok.get_vocab()
+    for value in UNSEEN:
+        assert_exact(loaded, compact_json({"branch": value}))
+        assert loaded.encode(value, add_special_tokens=False) == tok.encode(value, add_special_tokens=False)
