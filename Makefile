@@ -20,7 +20,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export PREFECT_LOGGING_LEVEL := WARNING
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: install run serve serve-prefect serve-mlflow serve-worker test clean
+.PHONY: install run example serve serve-prefect serve-mlflow serve-worker test clean
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,14 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 # `make run PROFILE=smollm2-cpu` first writes profiles/smollm2-cpu.yaml into params.yaml.
 run: install
 	$(PY) -m envace.cli run $(if $(PROFILE),--profile $(PROFILE))
+
+# The worked example (README: Your own tools): a tool API of its own behind an MCP server, its
+# production logs, and the same pipeline in the project folder examples/gitforge.
+GITFORGE := examples/gitforge
+example: install
+	test -f $(GITFORGE)/domains/gitforge/episodes.jsonl || \
+	  $(PY) $(GITFORGE)/make_logs.py --episodes 1200 --seed 0 --out $(GITFORGE)/domains/gitforge/episodes.jsonl
+	$(PY) -m envace.cli run --project-dir $(GITFORGE)
 
 # The pipeline as a service: Prefect + MLflow servers on 127.0.0.1 (PREFECT_PORT / MLFLOW_PORT,
 # 4200 / 5000) and the deployment envace/full-pipeline on the cron of params.yaml. Ctrl-C stops all.

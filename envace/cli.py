@@ -23,6 +23,16 @@ def _run(args) -> int:
             return 2
         print(f"profile {args.profile} written into params.yaml ({len(changed)} value(s); `git checkout params.yaml` "
               "returns to the default):\n  " + "\n  ".join(changed or ["(already applied)"]), flush=True)
+    from envace.project import is_root, project_dvc_yaml
+
+    if not is_root(root):  # a project in its own folder runs the repository's stages, re-rooted
+        from envace.config import ParamsError, load_params
+
+        try:
+            project_dvc_yaml(root, load_params(root / "params.yaml").collect.domains)
+        except ParamsError as err:
+            print(f"envace run: {err}", file=sys.stderr)
+            return 2
     from flows.full_pipeline import envace_flow
 
     try:
