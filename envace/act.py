@@ -124,17 +124,19 @@ def act(args) -> int:
     root = Path(args.project_dir).resolve()
     env.configure(root)
     from envace.config import ParamsError, load_params
+    from envace.domains import DomainError, use_domains
     from envace.rehearsal import Guard, play
 
     try:
         params = load_params(root / args.params if not Path(args.params).is_absolute() else args.params)
+        use_domains(params.collect.domains, root, params.collect.real_backends)  # your own tools, too
         if args.rehearse < 0:
             raise ActError(f"--rehearse {args.rehearse}: a number of private rehearsals is 0 or more")
         task = load_task(args.task, root)
         if args.model.startswith("models:/"):
             _use_project_store(root)
         policy, rollout, memory_episodes = load_agent(args.model, params)
-    except (ActError, ParamsError) as err:
+    except (ActError, ParamsError, DomainError) as err:
         print(f"envace act: {err}", file=sys.stderr)
         return 2
     answer = True if args.yes else False if args.no else None

@@ -23,16 +23,6 @@ def _run(args) -> int:
             return 2
         print(f"profile {args.profile} written into params.yaml ({len(changed)} value(s); `git checkout params.yaml` "
               "returns to the default):\n  " + "\n  ".join(changed or ["(already applied)"]), flush=True)
-    from envace.project import is_root, project_dvc_yaml
-
-    if not is_root(root):  # a project in its own folder runs the repository's stages, re-rooted
-        from envace.config import ParamsError, load_params
-
-        try:
-            project_dvc_yaml(root, load_params(root / "params.yaml").collect.domains)
-        except ParamsError as err:
-            print(f"envace run: {err}", file=sys.stderr)
-            return 2
     from flows.full_pipeline import envace_flow
 
     try:
@@ -127,6 +117,14 @@ def _act(args) -> int:
     return act(args)
 
 
+def _schema(args) -> int:
+    """The published format of a logged episode (one line of a domain's episodes.jsonl)."""
+    from envace.data.logs import log_schema
+
+    print(json.dumps(log_schema(), indent=2))
+    return 0
+
+
 def _check_params(args) -> int:
     from envace.config import ParamsError, load_params
 
@@ -176,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--params", default="params.yaml")
     p.add_argument("--project-dir", default=".", help="project root (its MLflow store and test split)")
     p.set_defaults(func=_act)
+    p = sub.add_parser("schema", help="print the JSON Schema of a logged episode (your logs' format)")
+    p.set_defaults(func=_schema)
     p = sub.add_parser("check-params", help="validate params.yaml against the typed config")
     p.add_argument("--params", default="params.yaml")
     p.set_defaults(func=_check_params)

@@ -1,7 +1,7 @@
 """A project in its own folder (e.g. `examples/gitforge`): its params.yaml, data, models,
 metrics and MLflow store live there, and its dvc.yaml is this repository's, re-rooted.
 
-`project_dvc_yaml` writes that dvc.yaml: every stage as in the root's, code paths made
+The flow (`envace run`, `make example`, a deployment run) calls `project_dvc_yaml`, which writes that dvc.yaml: every stage as in the root's, code paths made
 relative to the project, and each domain folder of the project's `collect.domains` added to
 `collect`'s dependencies — so appending to a domain's episodes.jsonl makes `collect` and
 everything after it stale, and nothing else.
@@ -24,8 +24,12 @@ def is_root(project: Path) -> bool:
 
 
 def project_dvc_yaml(project: Path, domain_specs: list[str]) -> Path:
-    """Write `project/dvc.yaml` (only when its content changes) and return its path."""
+    """Write `project/dvc.yaml` (only when its content changes; a dvc.yaml the project wrote
+    itself, without our header, is left alone) and return its path."""
     project = Path(project).resolve()
+    path = project / "dvc.yaml"
+    if path.exists() and not path.read_text().startswith(HEADER):
+        return path
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     up = os.path.relpath(ROOT, project)
     for stage in spec["stages"].values():
@@ -34,7 +38,6 @@ def project_dvc_yaml(project: Path, domain_specs: list[str]) -> Path:
     folders = [s.rstrip("/") for s in domain_specs if (project / s).is_dir()]
     spec["stages"]["collect"]["deps"] += folders
     text = HEADER + yaml.safe_dump(spec, sort_keys=False, allow_unicode=True)
-    path = project / "dvc.yaml"
     if not path.exists() or path.read_text() != text:
         from envace.io import write_text
 

@@ -25,6 +25,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from envace import tracking
 from envace.config import load_params
+from envace.project import is_root, project_dvc_yaml
 
 # stage -> (artifact key, report file): the stages whose result is a gate decision.
 GATES = {
@@ -123,7 +124,10 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
     name; a `foreach` stage's name covers all its items); returns a summary per stage."""
     logger = get_run_logger()
     root = Path(project_dir).resolve()
-    params_raw = load_params(root / "params.yaml").model_dump()  # fails fast, naming any bad key
+    loaded = load_params(root / "params.yaml")  # fails fast, naming any bad key
+    params_raw = loaded.model_dump()
+    if not is_root(root):  # a project in its own folder runs the repository's stages, re-rooted
+        project_dvc_yaml(root, loaded.collect.domains)
     stages = pipeline_stages(root)
     if until is not None:
         names = [s.split("@")[0] for s in stages]

@@ -292,10 +292,43 @@ class NoBackend(RuntimeError):
 
 
 class _NoFacts:
-    """The fact source of a domain whose backend cannot tell them: REHEARSE learns from history alone."""
+    """The fact source of a domain without a real backend: REHEARSE learns from history alone."""
 
     def facts(self, call: Call) -> None:
         return None
+
+
+class ScenarioFacts:
+    """Privileged facts read from a logged scenario (the state a backend's reset gets) when the
+    backend has no `facts()` of its own: the innermost objects of the scenario a call touches —
+    those holding one of its string arguments as a value, or a number argument under its own key
+    (`get_branch(repo, branch)` touches the branch's object; `list_pull_requests(repo)` the repo's).
+
+    >>> s = {"repos": [{"name": "a/b", "branches": [{"name": "dev", "merged": False}]}]}
+    >>> ScenarioFacts(s).facts({"name": "get_branch", "arguments": {"repo": "a/b", "branch": "dev"}})
+    {'touched': [{'name': 'dev', 'merged': False}]}
+    """
+
+    def __init__(self, scenario: Any):
+        self.scenario = scenario
+
+    def facts(self, call: Call) -> dict:
+        args = call.get("arguments") or {}
+        return {"touched": _innermost(self.scenario, args)}
+
+
+def _touches(obj: dict, args: dict) -> bool:
+    return any((isinstance(v, str) and v in obj.values())
+               or (isinstance(v, (int, float)) and not isinstance(v, bool) and obj.get(k) == v) for k, v in args.items())
+
+
+def _innermost(obj: Any, args: dict) -> list:
+    """The objects in `obj` that `args` touch and that hold no touched object themselves."""
+    children = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list) else ()
+    inner = [found for child in children for found in _innermost(child, args)]
+    if inner:
+        return inner
+    return [obj] if isinstance(obj, dict) and _touches(obj, args) else []
 
 
 @dataclass(frozen=True)
@@ -336,9 +369,17 @@ class Domain:
         return isinstance(self.backend, type) and issubclass(self.backend, Backend) \
             and self.backend.facts is not Backend.facts
 
+    @property
+    def facts_from(self) -> str:
+        """Where REHEARSE's privileged facts come from: the backend's `facts()`, the logged scenario
+        (a real backend without `facts()`), or nowhere (logs only: history alone)."""
+        return "backend" if self.has_facts else "scenario" if self.backend is not None else "none"
+
     def fact_source(self, scenario: Any):
         """What reads a scenario's facts; it never executes a call (no facts: every call gets None)."""
-        return self.backend(scenario) if self.has_facts else _NoFacts()
+        if self.has_facts:
+            return self.backend(scenario)
+        return ScenarioFacts(scenario) if self.backend is not None and scenario else _NoFacts()
 
     def real(self, scenario: Any) -> Backend:
         """A fresh real backend for one episode."""

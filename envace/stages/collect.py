@@ -40,7 +40,7 @@ def run(params: Params) -> dict[str, Path]:
         else:
             episodes += generated(domain, params)
             sources[domain.name] = {"episodes": cfg.tasks_per_domain, "generated": True}
-        sources[domain.name].update(backend=domain.backend_kind, privileged_facts=domain.has_facts)
+        sources[domain.name].update(backend=domain.backend_kind, privileged_facts=domain.facts_from)
     write_jsonl(RAW, episodes)
     write_json(METRICS, {**success_report(episodes), "sources": sources})
     return {"episodes": RAW, "metrics": METRICS}

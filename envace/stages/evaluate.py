@@ -51,10 +51,12 @@ def run(params: Params) -> dict[str, Path]:
     if missing:
         raise StageFailed(f"no trained model for variant(s) {', '.join(missing)} under {TRAIN_MODELS}: "
                           f"run `python -m envace.stages.train --variant <name>` (or `dvc repro train`) first")
-    leak = frozenset(leak_words_of(list(read_jsonl(PREPARED / "train.jsonl"))))
+    train = list(read_jsonl(PREPARED / "train.jsonl"))
+    leak = frozenset(leak_words_of(train))
+    unseen = unseen_value_episodes(test, train)
     results = {}
     for variant in VARIANTS:
-        results[variant] = evaluate_variant(variant, params, test, tasks, leak)
+        results[variant] = evaluate_variant(variant, params, test, tasks, leak, unseen)
         r = results[variant]
         print(f"evaluate[{variant}]: success {r['success']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] on {r['n']} "
               f"tasks; real-backend calls in training {r['real_env_calls_train']}", flush=True)
@@ -65,13 +67,30 @@ def run(params: Params) -> dict[str, Path]:
     return {"metrics": METRICS, "report": REPORT}
 
 
-def evaluate_variant(variant: str, params: Params, test: list[dict], tasks: list, leak: frozenset[str]) -> dict:
+def unseen_value_episodes(test: list[dict], train: list[dict]) -> list[dict]:
+    """Test episodes that call a tool with a value (an id, a name, any text) that occurs nowhere in
+    the training split — in no call, response or scenario: it can only be copied, never recalled."""
+    from envace.data.logs import scalars
+
+    seen = {v for ep in train for v in scalars([ep["messages"], ep["task"]["scenario"]])}
+    return [ep for ep in test if any(v not in seen for m in ep["messages"] for c in m.get("calls", [])
+                                     for v in scalars(c["arguments"]))]
+
+
+def evaluate_variant(variant: str, params: Params, test: list[dict], tasks: list, leak: frozenset[str],
+                     unseen: list[dict]) -> dict:
+    from envace.domains.base import Task
     from envace.evaluate.real import real_success
     from envace.evaluate.rehearsal import rehearsal_accuracy
     from envace.rollout.runner import load_policy
 
     policy = load_policy(TRAIN_MODELS / variant, params.trainer, params.model.max_seq_len)
     out = real_success(policy, tasks, params.rollout, leak_words=leak)
+    if unseen:  # copying what training never showed: ACT's success and REHEARSE's exact match
+        new = real_success(policy, [Task.from_dict(e["task"]) for e in unseen], params.rollout)
+        exact = rehearsal_accuracy(policy, unseen, privileged=True, max_new_tokens=params.rollout.max_new_tokens)
+        out["unseen_values"] = {"n": new["n"], "success": new["success"], "ci_low": new["ci_low"],
+                                "ci_high": new["ci_high"], "rehearsal_exact": exact["exact"]}
     trained = json.loads((TRAIN_METRICS / f"{variant}.json").read_text())
     out["real_env_calls_train"] = trained["real_env_calls_train"]
     out["train_steps"] = trained["steps"]
@@ -97,6 +116,14 @@ def report(summary: dict) -> str:
         lines.append(f"| {name} | {r['success']:.3f} | [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | "
                      f"{r['real_env_calls_train']} | {r['turns_per_task']} | {r['act_tokens_per_task']} | "
                      f"{r['leak_rate']:.3f} | {rehearsal} |")
+    unseen = {name: r["unseen_values"] for name, r in variants.items() if "unseen_values" in r}
+    if unseen:
+        n = next(iter(unseen.values()))["n"]
+        lines += ["", f"Test episodes calling with a value that occurs nowhere in training (n = {n}): ACT success "
+                  "[95% CI] and rehearsal exact match:", "", "| variant | success | 95% CI | rehearsal exact |",
+                  "|---|---|---|---|"]
+        lines += [f"| {name} | {u['success']:.3f} | [{u['ci_low']:.3f}, {u['ci_high']:.3f}] | {u['rehearsal_exact']:.3f} |"
+                  for name, u in unseen.items()]
     types = sorted({t for r in variants.values() for t in r["per_task_type"]})
     lines += ["", "Success per task type:", "", "| task type | " + " | ".join(variants) + " |",
               "|---|" + "---|" * len(variants)]

@@ -8,6 +8,7 @@ be read. A failing expectation fails the stage with its name and example bad row
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from envace.stages import StageFailed
 from envace.stages.prepare import PREPARED
 
 METRICS = Path("metrics/data.json")
+COLLECTED = Path("metrics/collect.json")  # where each domain's episodes came from
 REPORT = Path("reports/data_validation.md")
 
 
@@ -37,6 +39,7 @@ def run(params: Params) -> dict[str, Path]:
         "splits": {s: int(n) for s, n in zip(tables["splits"]["where"], tables["splits"]["n"])},
         "task_types": dict(sorted(Counter(f"{d}/{t}" for d, t in zip(episodes["domain"], episodes["task_type"]) if d).items())),
         "calls": len(tables["calls"]),
+        "sources": json.loads(COLLECTED.read_text()).get("sources", {}) if COLLECTED.exists() else {},
         "expectations": results,
     }
     write_json(METRICS, summary)
@@ -51,8 +54,19 @@ def report(summary: dict) -> str:
         f"# Data validation: {'PASSED' if summary['passed'] else 'FAILED'}", "",
         f"Domains: {', '.join(summary['domains'])}  ",
         "Splits: " + ", ".join(f"{s} {n}" for s, n in summary["splits"].items()) + f"  \nRecorded calls: {summary['calls']}", "",
-        "| | expectation | GE type | column | bad rows | examples |", "|---|---|---|---|---|---|",
     ]
+    if summary["sources"]:
+        lines += ["Where the episodes came from:", "", "| domain | episodes | real backend | privileged facts for REHEARSE "
+                  "| checklists |", "|---|---|---|---|---|"]
+        for name, s in summary["sources"].items():
+            how = "generated with the demonstrator's ground truth" if s.get("generated") else (
+                f"{s['checklist_given']} given, {s['checklist_derived']} derived from the successful episode, "
+                f"{s['dropped_unjudgeable']} failed without one left out")
+            facts = {"backend": "yes, from the backend (every tool)", "scenario": "yes, what each call touches in "
+                     "the logged scenario (every tool)"}.get(s["privileged_facts"], "no: REHEARSE learns from history alone")
+            lines.append(f"| {name} | {s['episodes']} | {s['backend']} | {facts} | {how} |")
+        lines.append("")
+    lines += ["| | expectation | GE type | column | bad rows | examples |", "|---|---|---|---|---|---|"]
     for r in summary["expectations"]:
         mark = "✅" if r["success"] else "❌"
         bad = r["unexpected_count"] if r["unexpected_count"] or r["success"] else r["observed_value"]
