@@ -59,7 +59,10 @@ class EnvaceAgent(mlflow.pyfunc.PythonModel):
         from envace.config import RolloutConfig, TrainerConfig
         from envace.rollout.runner import load_policy
 
+        from envace.domains import use_domains
+
         config = context.model_config or {}
+        use_domains(config.get("domains", []))  # its tasks' domains: your own tools, by absolute folder path
         self.policy = load_policy(context.artifacts["model"], TrainerConfig(**config.get("trainer", {})),
                                   config.get("max_seq_len", 0), base=context.artifacts.get("base"))
         self.rollout = RolloutConfig(**config.get("rollout", {}))

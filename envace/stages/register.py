@@ -51,7 +51,8 @@ def run(params: Params) -> dict[str, Path]:
         raise StageFailed(f"{EVAL_METRICS} holds no result for variant {cfg.variant!r}")
     tasks = [e["task"] for e in spread(list(read_jsonl(PREPARED / "test.jsonl")), params.evaluate.tasks)]
     config = {"rollout": params.rollout.model_dump(), "trainer": params.trainer.model_dump(),
-              "max_seq_len": params.model.max_seq_len, "memory_episodes": params.roles.memory_episodes}
+              "max_seq_len": params.model.max_seq_len, "memory_episodes": params.roles.memory_episodes,
+              "domains": [str(Path(d).resolve()) if Path(d).is_dir() else d for d in params.collect.domains]}
     result = registry.register(model_dir, evaluated["success"], tasks, config, cfg.model_name, version_tags(params))
     write_json(METRICS, result.to_dict())
     write_text(REPORT, report(result))
