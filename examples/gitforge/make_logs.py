@@ -9,9 +9,10 @@ behaviour. Like a real agent, it makes systematic mistakes, drawn once per episo
 - it answers a yes/no question with "yes" without looking it up (UNVERIFIED_RATE);
 - a random slip (SLIP_RATE): a wrong argument value, or an answer before doing anything.
 
-Every episode has a fresh small scenario with names drawn from a large combinatorial
-pool (about ACCENT_RATE of them with a non-ASCII letter), so most values occur in one
-episode only. Successful episodes carry no checklist; failed ones carry the reviewed one.
+Every episode has a fresh small scenario with names combined from word pools (about
+ACCENT_RATE of them with a non-ASCII word), so many repo and branch names in the test split
+never occur in training, though their words do. Successful episodes carry no checklist;
+failed ones carry the reviewed one.
 
     python examples/gitforge/make_logs.py --episodes 1200 --seed 0 --first-id 0 \
         --out examples/gitforge/domains/gitforge/episodes.jsonl
@@ -37,7 +38,7 @@ UNVERIFIED_RATE = 0.5
 SLIP_RATE = 0.1
 ACCENT_RATE = 0.15
 
-# --- names: combinatorial pools, so most values are new in each episode ---
+# --- names: combinations of pooled words; many combinations are new in each episode ---
 
 OWNERS = (
     "alice bruno chen dara emeka farah gus hana ivan jun kofi lena mateo nadia oscar priya quinn rosa sami "
@@ -72,13 +73,13 @@ def repo_name(rng: random.Random, owner: str) -> str:
 
 
 def branch_name(rng: random.Random) -> str:
-    first, second = rng.sample(TOPICS, 2)
-    return f"{rng.choice(PREFIXES)}/{first}-{pick(rng, [second], ACCENTED_WORDS)}"
+    # a prefix and a topic: a new combination is a value never seen, spelled with known words
+    return f"{rng.choice(PREFIXES)}/{pick(rng, TOPICS, ACCENTED_WORDS)}"
 
 
 def make_repo(rng: random.Random, name: str) -> dict:
     default = "main" if rng.random() < 0.8 else "master"
-    names = {branch_name(rng) for _ in range(rng.randint(1, 3))}
+    names = {branch_name(rng) for _ in range(rng.randint(1, 3))} - {default}
     branches = [{"name": default, "merged": True, "protected": True}] + [
         {"name": b, "merged": rng.random() < 0.5, "protected": rng.random() < 0.2} for b in sorted(names)
     ]
@@ -92,7 +93,8 @@ def make_repo(rng: random.Random, name: str) -> dict:
         }
         for n in numbers
     ]
-    return {"name": name, "default_branch": default, "branches": branches, "pull_requests": pulls, "issues": []}
+    return {"name": name, "default_branch": default, "branches": branches, "pull_requests": pulls, "issues": [],
+            "next_number": numbers[-1] + rng.randint(1, 5)}
 
 
 def make_scenario(rng: random.Random) -> dict:

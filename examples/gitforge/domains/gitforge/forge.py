@@ -89,8 +89,9 @@ class Forge:
             return error("repo_not_found", f"no repo {repo}")
         if not title.strip():
             return error("invalid_title", "an issue needs a title")
-        # issues and pull requests share one sequence of numbers, as on GitHub
-        number = 1 + max((x["number"] for x in r["pull_requests"] + r["issues"]), default=0)
+        # issues and pull requests share one sequence of numbers, as on GitHub: the repo's counter
+        number = r.get("next_number") or 1 + max((x["number"] for x in r["pull_requests"] + r["issues"]), default=0)
+        r["next_number"] = number + 1
         r["issues"].append({"number": number, "title": title, "labels": list(labels), "state": "open"})
         return {"number": number}
 
