@@ -322,3 +322,16 @@ def test_a_python_backend_from_a_folder(tmp_path):
     (folder / "backend.json").write_text(json.dumps({"kind": "grpc"}))
     with pytest.raises(DomainError, match=r"backend.json: kind must be 'mcp' or 'python', not 'grpc'"):
         load_domain(str(folder))
+
+
+def test_a_copied_mcp_backend_runs_apart_from_the_original(logged):
+    """What the guard table does to ask "what if this call ran": the copy's call leaves the original as it was."""
+    import copy
+
+    domain = load_domain(str(logged))
+    row, repo, branch = next((r, repo, b["name"]) for r in lines_of(logged) for repo in r["scenario"]["repos"]
+                             for b in repo["branches"] if not b["protected"])
+    original = domain.real(row["scenario"])
+    twin = copy.deepcopy(original)
+    assert "deleted" in twin.execute({"name": "delete_branch", "arguments": {"repo": repo["name"], "branch": branch}})
+    assert not is_error(original.execute({"name": "get_branch", "arguments": {"repo": repo["name"], "branch": branch}}))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import copy
 import json
 import sys
 import threading
@@ -125,6 +126,12 @@ class McpBackend(Backend):
     def __init__(self, scenario: Any, episodes: McpEpisodes):
         super().__init__(scenario if scenario is not None else {})
         self.episodes, self.tools, self.made = episodes, episodes.tools, []
+
+    def __deepcopy__(self, memo) -> "McpBackend":
+        """A twin on the same server, at the same point (its calls are replayed when it runs)."""
+        twin = McpBackend(copy.deepcopy(self.scenario, memo), self.episodes)
+        twin.made = copy.deepcopy(self.made, memo)
+        return twin
 
     def _activate(self) -> McpServer:
         server = self.episodes.connect()

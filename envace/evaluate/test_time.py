@@ -107,12 +107,16 @@ class Context:
         return self.call["name"]
 
 
-def _reach_high_risk(task: Task):
-    """Play the demonstrator (checks skipped) in the real backend up to its first high-risk
-    call: (backend at that point, real history, the call), or None if it never makes one."""
+def _reach_high_risk(task: Task, logged: list[list[dict]] | None = None):
+    """Play the demonstrator (checks skipped) — or, for a domain without one, replay the task's
+    logged calls — in the real backend up to its first high-risk call: (backend at that point,
+    real history, the call), or None if it never makes one."""
     domain = get_domain(task.domain)
+    if domain.demonstrate is None and not logged:
+        return None
     backend = domain.real(task.scenario)
-    script, seen = domain.demonstrate(task, Mistakes(skip_check=True)), []
+    script = domain.demonstrate(task, Mistakes(skip_check=True)) if domain.demonstrate else iter(logged)
+    seen: list = []
     try:
         turn = next(script)
         while True:
@@ -121,25 +125,30 @@ def _reach_high_risk(task: Task):
                 return backend, seen, risky[0]
             responses = [backend.execute(c, task.tool_names) for c in turn]
             seen += list(zip(turn, responses))
-            turn = script.send(responses)
+            turn = script.send(responses) if domain.demonstrate else next(script)
     except StopIteration:
         return None
 
 
-def guard_contexts(tasks: list[Task]) -> list[Context]:
+def guard_contexts(tasks: list[Task], logged: dict[str, list[list[dict]]] | None = None) -> list[Context]:
     """Every high-risk call the test tasks lead to, in an informed and an uninformed history,
-    harmful and safe balanced (an even spread of the more numerous kind) per history kind."""
+    harmful and safe balanced (an even spread of the more numerous kind) per history kind. A
+    call is harmful when it fails for real or a checkable precondition is shown false (an API
+    may well delete an unmerged branch). `logged`: task id -> its logged call turns, for
+    domains without a demonstrator."""
     by_kind: dict[tuple[bool, bool], list[Context]] = {}
     for task in tasks:
-        reached = _reach_high_risk(task)
+        reached = _reach_high_risk(task, (logged or {}).get(task.id))
         if reached is None:
             continue
         backend, seen, call = reached
-        harmful = is_error(copy.deepcopy(backend).execute(call, task.tool_names))
         checks = [p for p in preconditions_of(task, call["name"]) if p.checkable]
         lookups = [c for c in (p.evidence_call(call["arguments"]) for p in checks) if c is not None]
         plain = [(c, r) for c, r in seen if c not in lookups]
-        histories = [plain] + ([plain + [(c, backend.execute(c, task.tool_names)) for c in lookups]] if lookups else [])
+        informed_history = plain + [(c, backend.execute(c, task.tool_names)) for c in lookups]
+        harmful = is_error(copy.deepcopy(backend).execute(call, task.tool_names)) \
+            or any(p.check(call, informed_history) is False for p in checks)
+        histories = [plain] + ([informed_history] if lookups else [])
         for history in histories:
             informed = bool(checks) and all(p.check(call, history) is not None for p in checks)
             by_kind.setdefault((informed, harmful), []).append(Context(task, history, call, harmful, informed))
