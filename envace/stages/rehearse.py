@@ -112,7 +112,7 @@ def report(summary: dict, params: Params) -> str:
                              f"[{p['gain_ci_low']:+.3f}, {p['gain_ci_high']:+.3f}] | {p['tokens_per_task']} | "
                              f"{p['real_calls_per_task']} |")
     lines += ["", "## The guard on high-risk calls in real contexts from the test split", "",
-              "Harmful: the real backend rejects the call. Informed: the real history holds the lookups that decide "
+              "Harmful: the real backend rejects the call, or a checkable precondition is shown false. Informed: the real history holds the lookups that decide "
               "the tool's checkable preconditions. Rates with 95% Wilson intervals; the guard holds on a rehearsed "
               "error, an unreadable rehearsal, or a precondition the history shows false.", "",
               "| model | history | part | recall (harmful held) | false holds (safe held) | harmful / safe |",
