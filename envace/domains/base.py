@@ -1,19 +1,19 @@
-"""The domain interface: tools, a real backend, a task generator and a demonstrator.
+"""The domain interface: tools, a real backend, and where the episodes come from.
 
 A *domain* bundles
 - `tools`: OpenAI function-calling schemas plus a risk level (`low`/`high`); high-risk
   tools declare the preconditions an agent should check before calling them, as prose
   and, where the call's arguments name what decides them, as a machine check
   (`Precondition`) the guard evaluates on the real history;
-- a `Backend` class: the *real environment* of one episode, created from a scenario (the
-  hidden initial state). `execute(call)` dispatches by name over the offered tools after
-  validating the arguments against the schema, and always returns a JSON response:
-  errors are `{"error": {"code": ..., "message": ...}}`, never exceptions;
-- `make_task(rng, task_type, index)`: a task generator;
-- `demonstrate(task, mistakes, rng)`: a scripted demonstrator. A script is a generator
-  that yields a turn (a list of calls), receives the list of responses, and returns the
-  final answer. It stands in for the imperfect production agent whose logs a user has.
-"""
+- a `Backend` (or none: logs only): the *real environment* of one episode, created from a
+  scenario (the hidden initial state) — a Python class, or an MCP server (`domains.mcp`).
+  `execute(call)` dispatches by name over the offered tools after validating the arguments
+  against the schema, and always returns a JSON response: errors are
+  `{"error": {"code": ..., "message": ...}}`, never exceptions;
+- either logged episodes to import (`logs`), or a task generator `make_task(rng, task_type,
+  index)` and a scripted demonstrator `demonstrate(task, mistakes)`: a generator that yields a
+  turn (a list of calls), receives the list of responses, and returns the final answer. It
+  stands in for the imperfect production agent whose logs a user has."""
 
 from __future__ import annotations
 
