@@ -96,6 +96,12 @@ def grpo_one_process(warmed, tmp_path_factory):
     return out / "model", json.loads((warmed / "metrics/train/envace.json").read_text())
 
 
+# Two ranks sum gradients in another order than one process: float rounding, which Adam's
+# division by sqrt(v) enlarges in rows with tiny gradients. Measured after the tokenizer's byte
+# tokens changed the tiny model's initialisation: at most 3.0e-5 on 3 of 101,120 weights.
+ROUNDING = 5e-5
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_grpo_on_two_processes_takes_the_steps_of_one(warmed, grpo_one_process, tmp_path, strategy):
     one, single = grpo_one_process
@@ -111,7 +117,7 @@ def test_grpo_on_two_processes_takes_the_steps_of_one(warmed, grpo_one_process, 
     w1, w2, w0 = _weights(one), _weights(warmed / "models/train/envace"), _weights(warmed / "models/warmup")
     assert max((w1[k] - w0[k]).abs().max().item() for k in w1) > 1e-3  # it trained
     for k in w1:
-        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(w2[k], w1[k], atol=ROUNDING, rtol=1e-4)
     assert len(_mlflow_runs(store)) == 1  # rank 0 alone logs
 
 
@@ -125,7 +131,7 @@ def test_warmup_on_two_processes_takes_the_steps_of_one(warmed, tmp_path, strate
     assert json.loads((twin / "metrics/warmup.json").read_text())["ranks"] == 2
     w1, w2 = _weights(warmed / "models/warmup"), _weights(twin / "models/warmup")
     for k in w1:
-        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(w2[k], w1[k], atol=ROUNDING, rtol=1e-4)
     assert len(_mlflow_runs(store)) == 1
 
 

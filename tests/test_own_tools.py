@@ -258,23 +258,18 @@ def test_mcp_server_missing_a_tool_is_named(logged, tmp_path):
         domain.real({}).execute({"name": "fork_repo", "arguments": {}})
 
 
-def test_logs_only_evaluation_says_it_was_not_possible(logged, tmp_path, monkeypatch):
-    """No backend: evaluate writes why, with no variant and no number."""
-    from envace.config import parse_params
-    from envace.stages import evaluate
+def test_logs_only_tasks_cannot_be_played_for_real(logged):
+    """No backend: the reason evaluate writes (tests/test_own_tools_pipeline.py runs the stage), and no backend built."""
+    from envace.domains.base import NoBackend, Task
+    from envace.evaluate.real import backend_kind, unavailable
 
-    folder = tmp_path / "domains" / "gitforge"
-    shutil.copytree(logged, folder)
-    monkeypatch.chdir(tmp_path)
-    params = parse_params({"collect": {"domains": ["domains/gitforge"], "real_backends": False}})
-    [domain] = use_domains(params.collect.domains, real_backends=False)
-    episodes, _ = import_logs(domain)
-    Path("data/prepared").mkdir(parents=True)
-    Path("data/prepared/test.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes[:5]))
-    evaluate.run(params)
-    result = json.loads(Path("metrics/eval.json").read_text())
-    assert result["backend"] == "none" and result["available"] is False and result["variants"] == {}
-    assert "no real backend for domain(s) gitforge" in Path("reports/eval.md").read_text()
+    [domain] = use_domains([str(logged)], real_backends=False)
+    tasks = [Task.from_dict(e["task"]) for e in import_logs(domain)[0][:5]]
+    assert unavailable(tasks) == "no real backend for domain(s) gitforge (logs only)" and backend_kind(tasks) == "none"
+    with pytest.raises(NoBackend, match="'gitforge' has no real backend"):
+        domain.real(tasks[0].scenario)
+    use_domains([str(logged)])
+    assert unavailable(tasks) is None and backend_kind(tasks) == "mcp"
     use_domains([str(GITFORGE)])  # the real one back for later tests
 
 

@@ -38,6 +38,10 @@ def run(params: Params) -> dict[str, Path]:
     from envace.train.grpo import VARIANTS, leak_words_of
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+    missing = [v for v in VARIANTS if not any((TRAIN_MODELS / v / f).exists() for f in ("config.json", "adapter_config.json"))]
+    if missing:
+        raise StageFailed(f"no trained model for variant(s) {', '.join(missing)} under {TRAIN_MODELS}: "
+                          f"run `python -m envace.stages.train --variant <name>` (or `dvc repro train`) first")
     test = spread(list(read_jsonl(PREPARED / "test.jsonl")), params.evaluate.tasks)
     tasks = [Task.from_dict(e["task"]) for e in test]
     why_not = unavailable(tasks)
@@ -47,10 +51,6 @@ def run(params: Params) -> dict[str, Path]:
         write_text(REPORT, f"# Evaluation\n\nReal-environment evaluation was not possible: {why_not}.\n")
         print(f"evaluate: not possible: {why_not}", flush=True)
         return {"metrics": METRICS, "report": REPORT}
-    missing = [v for v in VARIANTS if not any((TRAIN_MODELS / v / f).exists() for f in ("config.json", "adapter_config.json"))]
-    if missing:
-        raise StageFailed(f"no trained model for variant(s) {', '.join(missing)} under {TRAIN_MODELS}: "
-                          f"run `python -m envace.stages.train --variant <name>` (or `dvc repro train`) first")
     train = list(read_jsonl(PREPARED / "train.jsonl"))
     leak = frozenset(leak_words_of(train))
     unseen = unseen_value_episodes(test, train)
