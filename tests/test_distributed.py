@@ -96,10 +96,15 @@ def grpo_one_process(warmed, tmp_path_factory):
     return out / "model", json.loads((warmed / "metrics/train/envace.json").read_text())
 
 
-# Two ranks sum gradients in another order than one process: float rounding, which Adam's
-# division by sqrt(v) enlarges in rows with tiny gradients. Measured after the tokenizer's byte
-# tokens changed the tiny model's initialisation: at most 3.0e-5 on 3 of 101,120 weights.
-ROUNDING = 5e-5
+def assert_equal_up_to_rounding(a: torch.Tensor, b: torch.Tensor, max_drift: float = 1e-3) -> None:
+    """Two ranks sum gradients in another order than one process: float rounding, which Adam
+    enlarges in the odd weight whose gradient is ~0 — its normalised step takes the sign of the
+    rounding noise, up to lr per step (measured: 1 to 3 weights of a tensor off by 1.5e-5 to
+    1.5e-3, varying from run to run). Every other weight must agree to 1e-5 and none may drift
+    beyond `max_drift`: a wrong gradient scale or a skipped batch moves nearly all of them."""
+    off = ~torch.isclose(a, b, atol=1e-5, rtol=1e-4)
+    assert off.float().mean().item() <= 1e-3, f"{int(off.sum())} of {off.numel()} weights differ"
+    assert (a - b).abs().max().item() <= max_drift
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -116,8 +121,9 @@ def test_grpo_on_two_processes_takes_the_steps_of_one(warmed, grpo_one_process, 
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-3)
     w1, w2, w0 = _weights(one), _weights(warmed / "models/train/envace"), _weights(warmed / "models/warmup")
     assert max((w1[k] - w0[k]).abs().max().item() for k in w1) > 1e-3  # it trained
+    adam_bound = 2 * 1e-3 * GRPO["steps"]  # train.lr per step, in either direction
     for k in w1:
-        torch.testing.assert_close(w2[k], w1[k], atol=ROUNDING, rtol=1e-4)
+        assert_equal_up_to_rounding(w2[k], w1[k], adam_bound)
     assert len(_mlflow_runs(store)) == 1  # rank 0 alone logs
 
 
@@ -131,7 +137,7 @@ def test_warmup_on_two_processes_takes_the_steps_of_one(warmed, tmp_path, strate
     assert json.loads((twin / "metrics/warmup.json").read_text())["ranks"] == 2
     w1, w2 = _weights(warmed / "models/warmup"), _weights(twin / "models/warmup")
     for k in w1:
-        torch.testing.assert_close(w2[k], w1[k], atol=ROUNDING, rtol=1e-4)
+        assert_equal_up_to_rounding(w2[k], w1[k])
     assert len(_mlflow_runs(store)) == 1
 
 
