@@ -57,9 +57,8 @@ class EnvaceAgent(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context):
         from envace.config import RolloutConfig, TrainerConfig
-        from envace.rollout.runner import load_policy
-
         from envace.domains import use_domains
+        from envace.rollout.runner import load_policy
 
         config = context.model_config or {}
         use_domains(config.get("domains", []))  # its tasks' domains: your own tools, by absolute folder path

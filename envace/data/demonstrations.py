@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any
 
 from envace.config import DemonstratorConfig
-from envace.data.episodes import answer_of, calls_of
+from envace.data.episodes import calls_of, json_values
 from envace.domains.base import Domain, Mistakes, Task, is_error
 from envace.judge import failures
 
@@ -75,14 +74,6 @@ def demonstrate(domain: Domain, task: Task, rates: DemonstratorConfig, rng: rand
             "success": not why, "failures": why}
 
 
-def _scalars(obj: Any) -> list:
-    if isinstance(obj, dict):
-        return [x for v in obj.values() for x in _scalars(v)]
-    if isinstance(obj, list):
-        return [x for v in obj for x in _scalars(v)]
-    return [obj]
-
-
 def _wrong_argument(calls: list[dict], scenario: dict, rng: random.Random) -> list[dict]:
     """Replace one argument with another value of the same type taken from the scenario."""
     calls = json.loads(json.dumps(calls))
@@ -91,7 +82,7 @@ def _wrong_argument(calls: list[dict], scenario: dict, rng: random.Random) -> li
         return calls
     key = rng.choice(sorted(target["arguments"]))
     value = target["arguments"][key]
-    pool = sorted({x for x in _scalars(scenario) if type(x) is type(value) and x != value}, key=str)
+    pool = sorted({x for x in json_values(scenario) if type(x) is type(value) and x != value}, key=str)
     if pool:
         target["arguments"][key] = rng.choice(pool)
     return calls

@@ -16,6 +16,21 @@ Every response is stored exactly as the backend returned it.
 
 from __future__ import annotations
 
+from typing import Any
+
+
+def json_values(obj: Any) -> list:
+    """The plain values (not dicts or lists) of a JSON value, depth first.
+
+    >>> json_values({"a": [1, {"b": "x"}], "c": None})
+    [1, 'x', None]
+    """
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in json_values(v)]
+    if isinstance(obj, list):
+        return [x for v in obj for x in json_values(v)]
+    return [obj]
+
 
 def calls_of(messages: list[dict]) -> list[dict]:
     """Every tool call ACT made and that ran, in order (a call the guard held never ran)."""

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 from jsonschema import Draft202012Validator
 
+from envace.data.episodes import json_values
 from envace.domains.base import Checklist, Domain, Task, argument_error
 from envace.judge import states_fact, words
 
@@ -167,11 +168,4 @@ def derive_checklist(messages: list[dict], domain: Domain) -> Checklist:
 
 def scalars(value: Any) -> Iterator[str]:
     """The strings and numbers of a JSON value, as text (booleans say nothing an answer quotes)."""
-    if isinstance(value, dict):
-        for v in value.values():
-            yield from scalars(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from scalars(v)
-    elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        yield str(value)
+    return (str(v) for v in json_values(value) if isinstance(v, (str, int, float)) and not isinstance(v, bool))

@@ -24,14 +24,13 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from envace.domains import DomainError  # loaded on demand by envace.domains: no cycle
 from envace.domains.base import Backend, Domain, Precondition, Tool
 
 TOOL_KEYS = {"type", "function", "risk", "read_only", "preconditions"}
 
 
 def load_folder(folder: Path) -> Domain:
-    from envace.domains import DomainError
-
     folder = Path(folder)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", folder.resolve().name):
         raise DomainError(f"{folder}: a domain folder's name is the domain's name: letters, digits, - and _ only")
@@ -47,8 +46,6 @@ def load_folder(folder: Path) -> Domain:
 
 def entries_with_lines(path: Path) -> list[tuple[int, Any]]:
     """The elements of a top-level JSON array with the line each starts on."""
-    from envace.domains import DomainError
-
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
@@ -71,8 +68,6 @@ def entries_with_lines(path: Path) -> list[tuple[int, Any]]:
 
 
 def read_tools(path: Path) -> tuple[Tool, ...]:
-    from envace.domains import DomainError
-
     tools: list[Tool] = []
     for line, entry in entries_with_lines(path):
         where = f"{path}:{line}"
@@ -132,8 +127,6 @@ def _tool(entry: Any) -> Tool:
 
 def read_backend(folder: Path, tools: tuple[Tool, ...]):
     """(kind, factory) of the folder's backend.json; ("none", None) without one."""
-    from envace.domains import DomainError
-
     path = folder / "backend.json"
     if not path.exists():
         return "none", None

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from envace.domains.base import Backend, Call, Response, Tool, error_response
+from envace.domains.base import Backend, Response, Tool, error_response
 
 TIMEOUT_S = 60
 

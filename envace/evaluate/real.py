@@ -26,13 +26,21 @@ def unavailable(tasks: list[Task]) -> str | None:
 
 
 def real_success(policy, tasks: list[Task], cfg: RolloutConfig, temperature: float = 0.0,
-                 leak_words: frozenset[str] = frozenset()) -> dict:
+                 leak_words: frozenset[str] = frozenset(), subset: set[str] | None = None) -> dict:
     """Success rate (with its 95% Wilson interval), per domain and task type, turns and ACT
     tokens per task, the share of ACT outputs that parse (calls or an answer), failed steps,
-    and the share of ACT outputs using one of `leak_words`."""
+    and the share of ACT outputs using one of `leak_words`; with `subset` (task ids), the same
+    for those tasks' episodes under "subset"."""
+    episodes = EpisodeRunner(policy, RealResponder(), cfg, temperature=temperature).run(tasks)
+    out = summary(policy, episodes, leak_words)
+    if subset:
+        out["subset"] = summary(policy, [e for e in episodes if e.task.id in subset], leak_words)
+    return out
+
+
+def summary(policy, episodes: list, leak_words: frozenset[str]) -> dict:
     from envace.train.grpo import leaked
 
-    episodes = EpisodeRunner(policy, RealResponder(), cfg, temperature=temperature).run(tasks)
     failures: dict[str, int] = defaultdict(int)
     for e in episodes:
         if e.failure:

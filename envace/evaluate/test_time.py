@@ -115,7 +115,7 @@ def _reach_high_risk(task: Task, logged: list[list[dict]] | None = None):
     if domain.demonstrate is None and not logged:
         return None
     backend = domain.real(task.scenario)
-    script = domain.demonstrate(task, Mistakes(skip_check=True)) if domain.demonstrate else iter(logged)
+    script = domain.demonstrate(task, Mistakes(skip_check=True)) if domain.demonstrate else _replay(logged)
     seen: list = []
     try:
         turn = next(script)
@@ -125,9 +125,16 @@ def _reach_high_risk(task: Task, logged: list[list[dict]] | None = None):
                 return backend, seen, risky[0]
             responses = [backend.execute(c, task.tool_names) for c in turn]
             seen += list(zip(turn, responses))
-            turn = script.send(responses) if domain.demonstrate else next(script)
+            turn = script.send(responses)
     except StopIteration:
         return None
+
+
+def _replay(turns: list[list[dict]]):
+    """Logged turns as a script: it yields each turn whatever the responses (`yield from` a list
+    would pass `send` on to it)."""
+    for turn in turns:
+        yield turn
 
 
 def guard_contexts(tasks: list[Task], logged: dict[str, list[list[dict]]] | None = None) -> list[Context]:

@@ -39,8 +39,6 @@ def _schema_error(row) -> str | None:
 
 
 def _is_json(value) -> bool:
-    import json
-
     try:
         json.dumps(value, allow_nan=False)
         return True

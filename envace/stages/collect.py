@@ -24,6 +24,7 @@ from envace.data.logs import import_logs
 from envace.domains import use_domains
 from envace.evaluate import success_rates
 from envace.io import write_json, write_jsonl
+from envace.stages import StageFailed
 
 RAW = Path("data/raw/episodes.jsonl")
 METRICS = Path("metrics/collect.json")
@@ -49,8 +50,6 @@ def run(params: Params) -> dict[str, Path]:
 def generated(domain, params: Params) -> list[dict]:
     cfg = params.collect
     if domain.demonstrate is None or domain.backend is None:
-        from envace.stages import StageFailed
-
         raise StageFailed(f"domain {domain.name!r} has neither logs nor a demonstrator with a real backend")
     tasks = generate_tasks(domain, cfg.tasks_per_domain, cfg.seed)
     rng = random.Random(f"{cfg.seed}-demonstrator-{domain.name}")

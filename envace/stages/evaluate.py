@@ -79,15 +79,14 @@ def unseen_value_episodes(test: list[dict], train: list[dict]) -> list[dict]:
 
 def evaluate_variant(variant: str, params: Params, test: list[dict], tasks: list, leak: frozenset[str],
                      unseen: list[dict]) -> dict:
-    from envace.domains.base import Task
     from envace.evaluate.real import real_success
     from envace.evaluate.rehearsal import rehearsal_accuracy
     from envace.rollout.runner import load_policy
 
     policy = load_policy(TRAIN_MODELS / variant, params.trainer, params.model.max_seq_len)
-    out = real_success(policy, tasks, params.rollout, leak_words=leak)
+    out = real_success(policy, tasks, params.rollout, leak_words=leak, subset={e["task"]["id"] for e in unseen})
     if unseen:  # copying what training never showed: ACT's success and REHEARSE's exact match
-        new = real_success(policy, [Task.from_dict(e["task"]) for e in unseen], params.rollout)
+        new = out.pop("subset")
         exact = rehearsal_accuracy(policy, unseen, privileged=True, max_new_tokens=params.rollout.max_new_tokens)
         out["unseen_values"] = {"n": new["n"], "success": new["success"], "ci_low": new["ci_low"],
                                 "ci_high": new["ci_high"], "rehearsal_exact": exact["exact"]}

@@ -48,13 +48,14 @@ def run(params: Params) -> dict[str, Path]:
     missing = [m for m in cfg.models if not any((TRAIN_MODELS / m / f).exists() for f in ("config.json", "adapter_config.json"))]
     if missing:
         raise StageFailed(f"no trained model for {', '.join(missing)} under {TRAIN_MODELS}: run the train stage first")
-    test = [Task.from_dict(e["task"]) for e in read_jsonl(PREPARED / "test.jsonl")]
+    episodes = list(read_jsonl(PREPARED / "test.jsonl"))
+    test = [Task.from_dict(e["task"]) for e in episodes]
     tasks = spread(test, cfg.tasks)
     why_not = unavailable(test)
     if why_not:
         raise StageFailed(f"test-time rehearsal is measured in the real backends, and {why_not}")
-    logged = {e["task"]["id"]: [m["calls"] for m in e["messages"] if "calls" in m]
-              for e in read_jsonl(PREPARED / "test.jsonl")}  # for domains without a demonstrator
+    logged = {t.id: [m["calls"] for m in e["messages"] if "calls" in m]  # for domains without a demonstrator
+              for t, e in zip(test, episodes)}
     contexts = guard_contexts(test, logged)
     summary: dict = {"private_real_calls": 0, "tasks": [t.id for t in tasks], "curve": {}, "guard": {}}
     traced = {}

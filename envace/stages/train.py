@@ -63,11 +63,12 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
 
     episodes = list(read_jsonl(PREPARED / "train.jsonl"))
     tasks = [Task.from_dict(e["task"]) for e in episodes]
-    if variant == "real_env" and unavailable(tasks):  # logs only: nothing to train against, said so
+    why_not = unavailable(tasks) if variant == "real_env" else None
+    if why_not:  # logs only: nothing to train against, said so
         save(model, tokenizer, out_dir)
         write_json(metrics_path, {"variant": variant, "steps": 0, "real_env_calls_train": 0, "history": [],
-                                  "skipped": unavailable(tasks)})
-        print(f"train[real_env]: skipped: {unavailable(tasks)}", flush=True)
+                                  "skipped": why_not})
+        print(f"train[real_env]: skipped: {why_not}", flush=True)
         return {"model": out_dir, "metrics": metrics_path}
     simulator = None
     if variant == "simulator":
