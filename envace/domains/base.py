@@ -137,12 +137,18 @@ class Tool:
     preconditions: tuple[str | Precondition, ...] = ()
     read_only: bool = False
     """A lookup that changes nothing (a logged episode's checklist is derived from the other calls)."""
+    interchangeable: tuple[str, ...] = ()
+    """Arguments whose values are opaque names (ids, owners, numbers) the backend only compares for
+    equality: warmup renames their words consistently within an episode (see `train.data.relabel`)."""
 
     def __post_init__(self):
         if self.risk == "high" and not self.preconditions:
             raise ValueError(f"high-risk tool {self.name!r} must declare its preconditions")
         object.__setattr__(self, "preconditions", tuple(
             p if isinstance(p, Precondition) else Precondition(p) for p in self.preconditions))
+        unknown = set(self.interchangeable) - set(self.parameters.get("properties", {}))
+        if unknown:
+            raise ValueError(f"tool {self.name!r}: interchangeable names no parameter of it: {', '.join(sorted(unknown))}")
 
     def schema(self) -> dict:
         """OpenAI function-calling schema, plus our risk level and the preconditions' prose."""

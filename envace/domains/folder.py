@@ -1,8 +1,11 @@
 """A declarative domain: a folder, no Python needed.
 
     tools.json      OpenAI function schemas, each with optional "risk" ("low" | "high"),
-                    "read_only" (true for lookups) and "preconditions" (prose, or checks the
-                    guard can evaluate: see `Precondition`); a high-risk tool needs them
+                    "read_only" (true for lookups), "preconditions" (prose, or checks the
+                    guard can evaluate: see `Precondition`; a high-risk tool needs them) and
+                    "interchangeable" (the parameters whose values are opaque names: ids,
+                    owners, numbers; warmup renames them consistently so a small model learns
+                    to copy them rather than memorise the frequent ones)
     episodes.jsonl  your production agent's logs (format: envace/schemas/logged_episode.schema.json)
     policy.md       optional: the instructions your production agent follows, shown to ACT
     backend.json    optional: the real backend, {"kind": "mcp", "command": [...], "reset": tool,
@@ -27,7 +30,7 @@ from jsonschema.exceptions import SchemaError
 from envace.domains import DomainError  # loaded on demand by envace.domains: no cycle
 from envace.domains.base import Backend, Domain, Precondition, Tool
 
-TOOL_KEYS = {"type", "function", "risk", "read_only", "preconditions"}
+TOOL_KEYS = {"type", "function", "risk", "read_only", "preconditions", "interchangeable"}
 
 
 def load_folder(folder: Path) -> Domain:
@@ -121,8 +124,11 @@ def _tool(entry: Any) -> Tool:
         elif not isinstance(p, str):
             raise ValueError(f"tool {name!r}: a precondition is a string or an object with a 'text'")
         preconditions.append(p)
+    interchangeable = entry.get("interchangeable", [])
+    if not (isinstance(interchangeable, list) and all(isinstance(a, str) for a in interchangeable)):
+        raise ValueError(f"tool {name!r}: interchangeable is a list of its parameters' names")
     return Tool(name, str(fn.get("description", "")), parameters, risk, tuple(preconditions),
-                read_only=entry.get("read_only", False))
+                read_only=entry.get("read_only", False), interchangeable=tuple(interchangeable))
 
 
 def read_backend(folder: Path, tools: tuple[Tool, ...]):

@@ -17,8 +17,10 @@ a tool whose outputs the demonstrator's episodes hold too few of (`probe_rate`).
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import re
 from collections import Counter
 
 import torch
@@ -26,6 +28,9 @@ import torch
 from envace.domains import get_domain
 from envace.data.tokenizer import WORDS, is_word_level
 from envace.roles import Segment, encode
+
+
+NAME = re.compile(r"[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*")  # a word piece (not punctuation or space)
 
 
 def recorded_calls(episode: dict) -> list[tuple[dict, dict]]:
@@ -63,21 +68,46 @@ def repeats(episodes: list[dict], max_repeat: int) -> list[int]:
             for names in calls]
 
 
-def relabel_classes(domains, tokenizer) -> list[list[str]]:
+def relabel_classes(domains, tokenizer, episodes: list[dict] = ()) -> list[list[str]]:
     """The interchangeable names of each domain, in the domains' given order, grouped by how
     many tokens `tokenizer` spells them with: a name is renamed only to one as long, so renaming
     never changes a sequence's length. With our word-level tokenizer that is the names it knows
-    (one token each); a name it never saw is no word of its vocabulary and is left alone."""
+    (one token each); a name it never saw is no word of its vocabulary and is left alone.
+
+    A domain names them itself (`Domain.interchangeable`), or names the arguments that hold them
+    (`Tool.interchangeable`): then the names are the words those arguments take in `episodes`
+    (numbers and words apart, so a number stays a number), less the words of the tools' schemas
+    and the policy (renaming those would change the instructions, not just a name)."""
     vocab = tokenizer.get_vocab() if is_word_level(tokenizer) else None
     classes = []
     for d in domains:
-        for names in d.interchangeable:
+        for names in d.interchangeable + argument_names(d, [e for e in episodes if e["task"]["domain"] == d.name]):
             by_length: dict[int, list[str]] = {}
             for name in names:
                 if vocab is None or name in vocab:
                     by_length.setdefault(len(tokenizer.tokenize(name)), []).append(name)
             classes += [group for _, group in sorted(by_length.items()) if len(group) > 1]
     return classes
+
+
+def argument_names(domain, episodes: list[dict]) -> tuple[tuple[str, ...], ...]:
+    """(numbers, words): the words the domain's interchangeable arguments take in `episodes`,
+    in first-seen order (the renaming must not depend on set order)."""
+    wanted = {t.name: set(t.interchangeable) for t in domain.tools if t.interchangeable}
+    if not wanted:
+        return ()
+    reserved = set(WORDS.findall(json.dumps(domain.schemas()) + domain.policy))
+    numbers, words = {}, {}
+    for ep in episodes:
+        for call, _ in recorded_calls(ep):
+            for arg, value in (call.get("arguments") or {}).items():
+                if arg in wanted.get(call["name"], ()):
+                    for word in WORDS.findall(str(value)) if not isinstance(value, bool) else ():
+                        if word.isdigit():
+                            numbers[word] = None
+                        elif NAME.fullmatch(word) and word not in reserved:
+                            words[word] = None
+    return tuple(names for names in (tuple(numbers), tuple(words)) if names)
 
 
 def relabel(segments: list[Segment], classes: list[list[str]], rng: random.Random) -> list[Segment]:
@@ -132,7 +162,7 @@ class SFTDataset(torch.utils.data.Dataset):
         # domains in first-seen order: a set of Domain objects iterates in an order that hashes of
         # their functions (memory addresses) decide, which changed the renaming from run to run
         domains = dict.fromkeys(e["task"]["domain"] for e in episodes)
-        self.classes = relabel_classes([get_domain(d) for d in domains], tokenizer)
+        self.classes = relabel_classes([get_domain(d) for d in domains], tokenizer, episodes)
         self.resample(0)
 
     def resample(self, epoch: int) -> None:

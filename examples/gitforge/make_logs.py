@@ -83,7 +83,7 @@ def make_repo(rng: random.Random, name: str) -> dict:
     branches = [{"name": default, "merged": True, "protected": True}] + [
         {"name": b, "merged": rng.random() < 0.5, "protected": rng.random() < 0.2} for b in sorted(names)
     ]
-    numbers = sorted(rng.sample(range(1, 400), rng.randint(1, 3)))
+    numbers = sorted(rng.sample(range(10, 400), rng.randint(1, 3)))
     pulls = [
         {
             "number": n,
