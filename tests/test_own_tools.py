@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -96,6 +97,8 @@ def test_the_example_folder_is_a_domain_without_python(logged):
 # ---------------------------------------------------------------- imported logs
 
 def test_imported_logs_become_judgeable_episodes(logged):
+    from envace.data.episodes import answer_of, calls_of
+    from envace.domains.base import Task
     from envace.judge import failures
 
     domain = load_domain(str(logged))
@@ -108,13 +111,18 @@ def test_imported_logs_become_judgeable_episodes(logged):
         assert task["domain"] == "gitforge" and task["policy"] == domain.policy and task["request"]
         assert all(m["role"] in ("user", "act", "tool") for m in ep["messages"])
         if "checklist" not in line:  # derived from the successful episode: it passes its own checklist
-            from envace.data.episodes import answer_of, calls_of
-            from envace.domains.base import Task
-
             assert failures(Task.from_dict(task), calls_of(ep["messages"]), answer_of(ep["messages"])) == []
             writes = [c for m in line["messages"] for c in m.get("calls", [])
                       if c["name"] not in {t.name for t in domain.tools if t.read_only}]
             assert all(w in task["checklist"]["required_calls"] for w in writes)
+            if line.get("task_type") in ("is_branch_merged", "is_branch_protected"):  # a yes/no question
+                assert task["checklist"]["final_answer"] in (["yes"], ["no"])
+    # the derived "yes"/"no" is checked: the opposite answer fails
+    question = next(ep for ep, line in zip(episodes, raw) if "checklist" not in line
+                    and line.get("task_type") == "is_branch_merged")
+    said = question["task"]["checklist"]["final_answer"][0]
+    wrong = {"yes": "No, it is not.", "no": "Yes, it is."}[said]
+    assert failures(Task.from_dict(question["task"]), calls_of(question["messages"]), wrong)
 
 
 def test_a_failed_episode_without_checklist_is_left_out_and_counted(logged, tmp_path):
@@ -188,6 +196,10 @@ INVALID_TOOLS = {
                                 r"tools.json:\d+: precondition .*unknown op '~'"),
     "unknown key": (lambda t: t[0].update(danger=True), r"tools.json:\d+: unknown key\(s\) danger"),
     "not JSON": ("[{", r"tools.json:1: not valid JSON"),
+    "interchangeable names no parameter": (lambda t: t[1].update(interchangeable=["owner"]),
+                                           r"tools.json:\d+: tool 'get_repo': interchangeable names no parameter of it: owner"),
+    "interchangeable not a list": (lambda t: t[1].update(interchangeable="repo"),
+                                   r"tools.json:\d+: tool 'get_repo': interchangeable is a list"),
 }
 
 
@@ -205,6 +217,37 @@ def test_an_invalid_tool_schema_names_file_and_line(case, logged, tmp_path):
         (folder / "tools.json").write_text(json.dumps(tools, indent=2))
     with pytest.raises(DomainError, match=expected):
         load_domain(str(folder))
+
+
+def test_interchangeable_arguments_are_renamed_consistently_and_numbers_stay_numbers(logged):
+    """The words and numbers the declared arguments take in the logs are renamed within an
+    episode, the same way everywhere in it; the tools' and the policy's words never are."""
+    import random
+
+    from envace.data.logs import import_logs
+    from envace.roles import MinimalTemplate
+    from envace.train.data import argument_names, episode_segments, relabel
+
+    domain = load_domain(str(logged))
+    use_domains([str(logged)], logged.parent, real_backends=False)
+    episodes = [e for e in import_logs(domain)[0] if any(m.get("calls") for m in e["messages"])]
+    numbers, words = argument_names(domain, episodes)
+    assert numbers and all(n.isdigit() for n in numbers) and words and not any(w.isdigit() for w in words)
+    assert not {"repo", "branch", "merged", "protected"} & set(words)  # words of the schemas and the policy
+    # a name the policy mentions is an instruction, no longer a renamable name
+    (logged.parent / "with-policy").mkdir(exist_ok=True)
+    folder = shutil.copytree(logged, logged.parent / "with-policy" / "gitforge", dirs_exist_ok=True)
+    (folder / "policy.md").write_text(f"Never touch anything of {words[0]}.\n", encoding="utf-8")
+    assert words[0] not in argument_names(load_domain(str(folder)), episodes)[1]
+    episode = next(e for e in episodes if any(c["name"] == "get_pull_request" for m in e["messages"] for c in m.get("calls", [])))
+    segments = episode_segments(episode, MinimalTemplate(), random.Random(0), privileged_dropout=0.0)[1]
+    renamed = relabel(segments, [list(numbers), list(words)], random.Random(1))
+    before, after = "".join(s.text for s in segments), "".join(s.text for s in renamed)
+    assert before != after and len(before.split()) == len(after.split())
+    call = next(c for m in episode["messages"] for c in m.get("calls", []) if c["name"] == "get_pull_request")
+    number = str(call["arguments"]["number"])
+    new = {m: n for m, n in zip(re.findall(r'"number":(\d+)', before), re.findall(r'"number":(\d+)', after))}[number]
+    assert new.isdigit() and after.count(f'"number":{new}') == before.count(f'"number":{number}')
 
 
 def test_a_bad_log_from_the_command_line_is_one_line_and_exit_1(logged, tmp_path):

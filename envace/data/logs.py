@@ -160,8 +160,12 @@ def derive_checklist(messages: list[dict], domain: Domain) -> Checklist:
         if c not in required:
             required.append(c)
     request, answer = messages[0]["content"], messages[-1]["answer"]
-    quoted = [v for m in messages if m["role"] == "tool" for v in scalars(m["response"])
-              if words(v) and states_fact(answer, v) and not states_fact(request, v)]
+    responses = [m["response"] for m in messages if m["role"] == "tool"]
+    quoted = [v for r in responses for v in scalars(r) if words(v) and states_fact(answer, v) and not states_fact(request, v)]
+    # a question answered from a yes/no fact: the successful answer's "yes" or "no" is the fact
+    said = [w for w in ("yes", "no") if states_fact(answer, w)]
+    if not writes and len(said) == 1 and any(isinstance(v, bool) for r in responses for v in json_values(r)):
+        quoted.append(said[0])
     return Checklist(required, final_answer=list(dict.fromkeys(quoted)),
                      ground_truth=[m["calls"] for m in messages if "calls" in m])
 
