@@ -8,7 +8,8 @@ backend, its final state must also equal the state after replaying the ground tr
 2. no forbidden call appears;
 3. every high-risk call made is one of the required calls (no unrequested irreversible action);
 4. the final answer states every expected fact (whole words, case-insensitive);
-5. (real episodes) final backend state == state after replaying the ground truth.
+5. the domain's own rules, if it has any (`Domain.check`);
+6. (real episodes) final backend state == state after replaying the ground truth.
 
 >>> task_calls = [{"name": "get_balance", "arguments": {"account_id": "A12"}}]
 >>> words("Balance: 120.")
@@ -66,9 +67,27 @@ def failures(
         if m.get("name") in high and not any(call_matches(m, c) for c in cl.required_calls)
     ]
     out += [f"answer lacks {fact!r}" for fact in cl.final_answer if not states_fact(answer, fact)]
+    out += domain_checks(task, calls, answer)
     if final_state is not None and final_state != expected_state:
         out.append("final state differs from the ground truth's")
     return out
+
+
+def domain_checks(task: Task, calls: list[Call], answer: str | None) -> list[str]:
+    """The rules the task's domain adds to its checklists (`Domain.check`) that the episode breaks."""
+    from envace.domains import get_domain  # the registry loads domains that import this module
+
+    try:
+        check = get_domain(task.domain).check
+    except KeyError:  # a task of no loaded domain (a hand-made one): its checklist alone
+        return []
+    if check is None:
+        return []
+    try:
+        return [str(reason) for reason in check(task, calls, answer)]
+    except Exception as err:
+        raise RuntimeError(f"domain {task.domain!r}: its check raised {type(err).__name__}: {err} "
+                           f"(task {task.id}; a check must accept any calls a model makes)") from err
 
 
 def success(task: Task, calls: list[Call], answer: str | None, final_state: Any = None, expected_state: Any = None) -> bool:

@@ -250,6 +250,47 @@ def test_interchangeable_arguments_are_renamed_consistently_and_numbers_stay_num
     assert new.isdigit() and after.count(f'"number":{new}') == before.count(f'"number":{number}')
 
 
+def test_a_domains_own_check_decides_success_beyond_the_checklist(logged, tmp_path):
+    """gitforge's checks.py: a write made twice fails the episode, even one whose checklist holds."""
+    from envace.data.episodes import answer_of, calls_of
+    from envace.domains.base import Task
+    from envace.judge import failures
+
+    use_domains([str(logged)], logged.parent, real_backends=False)
+    episode = next(e for e in import_logs(load_domain(str(logged)))[0]
+                   if e["success"] and any(c["name"] == "create_issue" for c in calls_of(e["messages"])))
+    task, calls, answer = Task.from_dict(episode["task"]), calls_of(episode["messages"]), answer_of(episode["messages"])
+    assert failures(task, calls, answer) == []
+    write = next(c for c in calls if c["name"] == "create_issue")
+    assert failures(task, calls + [write], answer) == ["repeated write create_issue"]
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("def check(task, calls):\n    return []\n\nraise ValueError('no')\n", r"checks.py: cannot load: ValueError: no"),
+    ("CHECK = 1\n", r"checks.py: defines no function check"),
+])
+def test_a_bad_checks_py_is_named(logged, tmp_path, source, expected):
+    folder = tmp_path / "gitforge"
+    shutil.copytree(logged, folder)
+    (folder / "checks.py").write_text(source)
+    with pytest.raises(DomainError, match=expected):
+        load_domain(str(folder))
+
+
+def test_a_check_that_raises_names_its_domain(logged):
+    from envace.domains.base import Task
+    from envace.judge import failures
+
+    folder = logged.parent / "raising" / "gitforge"
+    shutil.copytree(logged, folder, dirs_exist_ok=True)
+    (folder / "checks.py").write_text("def check(task, calls, answer):\n    return calls[5]\n")
+    use_domains([str(folder)], folder.parent, real_backends=False)
+    task = Task.from_dict(import_logs(get_domain("gitforge"))[0][0]["task"])
+    with pytest.raises(RuntimeError, match=r"domain 'gitforge': its check raised IndexError"):
+        failures(task, [], "done")
+    use_domains([str(logged)], logged.parent, real_backends=False)
+
+
 def test_a_bad_log_from_the_command_line_is_one_line_and_exit_1(logged, tmp_path):
     """As DVC runs it: exit code 1, one line naming file:line and field, no traceback."""
     folder = tmp_path / "domains" / "gitforge"

@@ -1,9 +1,11 @@
-"""End to end with your own tools: the gitforge folder (MCP server, imported logs) through the
-Prefect flow over the DVC stages on a tiny profile; and the same logs without a backend."""
+"""End to end with your own tools: the gitforge folder (MCP server, imported logs) served as the
+Prefect deployment over the DVC stages on a tiny profile, retraining on appended logs; and the
+same logs without a backend."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import TINY_PARAMS, make_project
+from tests.test_service import Service
 
 pytestmark = pytest.mark.slow
 
@@ -47,28 +50,62 @@ def own_project(path: Path, params: dict, episodes: int = 160) -> Path:
     return project
 
 
-def test_own_domain_runs_end_to_end_through_the_mcp_server(tmp_path, prefect_api, monkeypatch):
-    from flows.full_pipeline import envace_flow
+def test_a_deployment_runs_own_tools_end_to_end_and_retrains_on_appended_logs(tmp_path):
+    """The gitforge folder served as the deployment envace/full-pipeline: the first run imports
+    the logs and evaluates through the MCP server; 50 appended logged episodes make `collect`
+    stale, and the next deployment run retrains and registers a new version."""
+    from mlflow.tracking import MlflowClient
 
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     project = own_project(tmp_path / "own", TINY_OWN)
-    summary = envace_flow(project_dir=str(project))
-    assert all(s["ran"] for s in summary["stages"].values()) and summary["stages"].keys() >= {"evaluate", "register"}
-    collected = json.loads((project / "metrics/collect.json").read_text())["sources"]["gitforge"]
-    assert collected["backend"] == "mcp" and collected["privileged_facts"] == "scenario"
-    assert collected["checklist_derived"] > 0 and collected["checklist_given"] > 0
-    assert "derived from the successful episode" in (project / "reports/data_validation.md").read_text()
-    rehearsal = json.loads((project / "metrics/rehearsal.json").read_text())
-    assert rehearsal["per_tool"], "the rehearsal gate reports per tool"
-    evaluation = json.loads((project / "metrics/eval.json").read_text())
-    assert evaluation["backend"] == "mcp" and evaluation["available"] is True
-    variants = evaluation["variants"]
-    assert {"sft", "envace"} <= set(variants) and variants["envace"]["real_env_calls_train"] == 0
-    assert variants["envace"]["n"] == 16 and "unseen_values" in variants["envace"]
-    # the guard table replays logged calls through the MCP server up to each high-risk call
-    guard = json.loads((project / "metrics/rehearse.json").read_text())["guard"]["envace"]["informed"]
-    assert guard["n_harmful"] + guard["n_safe"] > 0 and set(guard["per_tool"]) <= {"delete_branch", "merge_pull_request"}
-    assert json.loads((project / "metrics/register.json").read_text())["version"] == "1"
+    spec = yaml.safe_load((project / "dvc.yaml").read_text())  # what the flow's re-rooted dvc.yaml adds
+    spec["stages"]["collect"]["deps"].append("domains/gitforge")
+    (project / "dvc.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    service = Service(project)
+    try:
+        service.start()
+        done, _ = service.trigger()
+        assert done.returncode == 0, done.stdout[-3000:] + service.logs()
+        collected = json.loads((project / "metrics/collect.json").read_text())["sources"]["gitforge"]
+        assert collected["backend"] == "mcp" and collected["privileged_facts"] == "scenario"
+        assert collected["checklist_derived"] > 0 and collected["checklist_given"] > 0
+        assert "derived from the successful episode" in (project / "reports/data_validation.md").read_text()
+        assert json.loads((project / "metrics/rehearsal.json").read_text())["per_tool"], "the gate reports per tool"
+        evaluation = json.loads((project / "metrics/eval.json").read_text())
+        assert evaluation["backend"] == "mcp" and evaluation["available"] is True
+        variants = evaluation["variants"]
+        assert {"sft", "envace"} <= set(variants) and variants["envace"]["real_env_calls_train"] == 0
+        assert variants["envace"]["n"] == 16 and "unseen_values" in variants["envace"]
+        # the guard table replays logged calls through the MCP server up to each high-risk call
+        guard = json.loads((project / "metrics/rehearse.json").read_text())["guard"]["envace"]["informed"]
+        assert guard["n_harmful"] + guard["n_safe"] > 0 and set(guard["per_tool"]) <= {"delete_branch", "merge_pull_request"}
+        assert json.loads((project / "metrics/register.json").read_text())["version"] == "1"
+
+        assert "up to date" in dvc(project, "status", "collect").stdout
+        subprocess.run([sys.executable, str(EXAMPLE / "make_logs.py"), "--episodes", "50", "--seed", "9",
+                        "--first-id", "5000", "--append", "--out", str(project / "domains/gitforge/episodes.jsonl")],
+                       check=True, capture_output=True)
+        status = dvc(project, "status").stdout
+        assert "collect:" in status and "modified:" in status and "domains/gitforge" in status
+        dry = dvc(project, "repro", "--dry").stdout  # what a run would do: collect and everything after it
+        assert all(f"Running stage '{stage}'" in dry for stage in ("collect", "prepare", "warmup", "train@envace"))
+
+        done, _ = service.trigger()
+        assert done.returncode == 0, done.stdout[-3000:] + service.logs()
+        summary = service.prefect("artifact", "inspect", "pipeline-summary").stdout
+        assert "Retrained: collect, prepare" in summary and "register" in summary
+        again = json.loads((project / "metrics/collect.json").read_text())["sources"]["gitforge"]
+        assert again["episodes"] + again["dropped_unjudgeable"] == collected["episodes"] + collected["dropped_unjudgeable"] + 50
+        assert json.loads((project / "metrics/register.json").read_text())["version"] == "2"
+        client = MlflowClient(service.mlflow)
+        assert {v.version for v in client.search_model_versions("name='gitforge-agent'")} == {"1", "2"}
+    finally:
+        service.stop()
+
+
+def dvc(project: Path, *args: str) -> subprocess.CompletedProcess:
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=project, capture_output=True, text=True,
+                          env={**os.environ, "PATH": path})
 
 
 def test_logs_only_domain_trains_and_says_it_cannot_evaluate(tmp_path, prefect_api, monkeypatch):
@@ -89,21 +126,3 @@ def test_logs_only_domain_trains_and_says_it_cannot_evaluate(tmp_path, prefect_a
     assert "not possible" in (project / "reports/eval.md").read_text()
     warmup = json.loads((project / "metrics/warmup.json").read_text())
     assert warmup["real_success"] is None and "logs only" in warmup["real"]["unavailable"]
-
-
-def test_appending_logs_makes_collect_stale(tmp_path):
-    """The log file is a DVC-tracked input of collect: append to it and collect is stale."""
-    params = {**TINY_OWN}
-    project = own_project(tmp_path / "append", params, episodes=60)
-    spec = yaml.safe_load((project / "dvc.yaml").read_text())
-    spec["stages"]["collect"]["deps"].append("domains/gitforge")
-    (project / "dvc.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    env_path = f"{Path(sys.executable).parent}:{__import__('os').environ['PATH']}"
-    run = lambda *a: subprocess.run([sys.executable, "-m", "dvc", *a], cwd=project, capture_output=True, text=True,  # noqa: E731
-                                    env={**__import__("os").environ, "PATH": env_path})
-    assert run("repro", "collect").returncode == 0
-    assert "up to date" in run("status", "collect").stdout
-    subprocess.run([sys.executable, str(EXAMPLE / "make_logs.py"), "--episodes", "50", "--seed", "9", "--first-id", "5000",
-                    "--append", "--out", str(project / "domains/gitforge/episodes.jsonl")], check=True, capture_output=True)
-    status = run("status", "collect").stdout
-    assert "collect:" in status and "modified:" in status and "domains/gitforge" in status

@@ -361,6 +361,9 @@ class Domain:
     policy: str = ""
     """Instructions the production agent follows, shown to ACT before every request."""
     backend_kind: Literal["python", "mcp", "none"] = "python"
+    check: Callable[[Task, list[Call], str | None], list[str]] | None = None
+    """Success beyond the checklist: (task, calls, final answer) -> the rules it breaks, as short
+    reasons ([] = none). It judges imagined episodes too, where no final state can be compared."""
 
     @property
     def tools(self) -> tuple[Tool, ...]:

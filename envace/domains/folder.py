@@ -8,6 +8,8 @@
                     to copy them rather than memorise the frequent ones)
     episodes.jsonl  your production agent's logs (format: envace/schemas/logged_episode.schema.json)
     policy.md       optional: the instructions your production agent follows, shown to ACT
+    checks.py       optional: `check(task, calls, answer) -> list[str]`, rules success needs
+                    beyond the checklist (the reasons an episode breaks them; [] = none)
     backend.json    optional: the real backend, {"kind": "mcp", "command": [...], "reset": tool,
                     "state": tool} or {"kind": "python", "class": "module:Class"}; without it the
                     domain is logs only (no real evaluation)
@@ -17,6 +19,7 @@ The domain is named after its folder. Every error names the file and line.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import sys
@@ -44,7 +47,24 @@ def load_folder(folder: Path) -> Domain:
     policy = (folder / "policy.md").read_text(encoding="utf-8").strip() if (folder / "policy.md").exists() else ""
     kind, backend = read_backend(folder, tools)
     return Domain(folder.resolve().name, backend, declared_tools=tools, logs=folder / "episodes.jsonl",
-                  policy=policy, backend_kind=kind)
+                  policy=policy, backend_kind=kind, check=read_check(folder))
+
+
+def read_check(folder: Path):
+    """The `check` function of the folder's checks.py (None without one)."""
+    path = folder / "checks.py"
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location(f"envace_checks_{folder.resolve().name}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # noqa: BLE001 - the user's code: any error is reported with its file
+        raise DomainError(f"{path}: cannot load: {type(err).__name__}: {err}") from None
+    check = getattr(module, "check", None)
+    if not callable(check):
+        raise DomainError(f"{path}: defines no function check(task, calls, answer) -> list of failure reasons")
+    return check
 
 
 def entries_with_lines(path: Path) -> list[tuple[int, Any]]:

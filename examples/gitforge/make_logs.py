@@ -256,6 +256,7 @@ def expected(task_type: str, scenario: dict, args: dict) -> dict:
 
 
 HIGH_RISK = ("delete_branch", "merge_pull_request")
+WRITES = ("create_issue", *HIGH_RISK)
 _WORD = re.compile(r"[a-z0-9_$]+(?:[.\-][a-z0-9_]+)*")  # envace's judge splits words this way
 
 
@@ -265,11 +266,13 @@ def states(answer: str, fact: str) -> bool:
 
 
 def judge(checklist: dict, calls: list[dict], answer: str) -> bool:
-    """Success: every required call made, no forbidden one, no other irreversible call,
-    and the answer states every fact."""
+    """Success: every required call made, no forbidden one, no other irreversible call, no
+    write made twice (the domain's checks.py), and the answer states every fact."""
     required, forbidden = checklist["required_calls"], checklist.get("forbidden_calls", [])
+    writes = [json.dumps(c, sort_keys=True) for c in calls if c["name"] in WRITES]
     return (
-        all(c in calls for c in required)
+        len(set(writes)) == len(writes)
+        and all(c in calls for c in required)
         and not any(c in calls for c in forbidden)
         and all(c in required for c in calls if c["name"] in HIGH_RISK)
         and all(states(answer, f) for f in checklist["final_answer"])
