@@ -22,8 +22,8 @@ from envace.evaluate.rehearsal import rehearsal_accuracy
 from envace.io import read_jsonl
 from envace.model import build_default
 from envace.rollout.runner import Policy
-from envace.stages.prepare import PREPARED, TOKENIZER
-from envace.stages.warmup import spread
+from envace.paths import PREPARED, TOKENIZER
+from envace.data.splits import spread
 from envace.train.data import SFTDataset, collate, length_batches
 from envace.train.losses import warmup_loss
 

@@ -9,6 +9,7 @@ everything after it stale, and nothing else.
 
 from __future__ import annotations
 
+import ast
 import os
 from pathlib import Path
 
@@ -43,3 +44,60 @@ def project_dvc_yaml(project: Path, domain_specs: list[str]) -> Path:
 
         write_text(path, text)
     return path
+
+
+def code_deps(module: str) -> list[str]:
+    """`import_closure(module)` as dvc.yaml lists it: a package folder whose Python files are
+    all in the closure is named once (DVC hashes the folder), the other files one by one."""
+    files = set(import_closure(module))
+    out = set(files)
+    for package in sorted({str(Path(f).parent) for f in files}, key=len):
+        members = {p.relative_to(ROOT).as_posix() for p in (ROOT / package).rglob("*.py")}
+        if package not in ("envace", "flows") and members <= files and not any(
+                package.startswith(f"{d}/") for d in out if not d.endswith(".py")):
+            out = {f for f in out if not f.startswith(f"{package}/")} | {package}
+    return sorted(out)
+
+
+def import_closure(module: str) -> list[str]:
+    """The repository's Python files that running `module` can execute: its imports inside
+    envace/ and flows/, followed transitively, imports inside functions included, each
+    package's __init__ with its modules, and the built-in domains the registry imports by name.
+    Paths relative to the repository, sorted: what a stage's code deps in dvc.yaml must be."""
+    from envace.domains import BUILTINS
+
+    seen: set[Path] = set()
+    todo = [module]
+    while todo:
+        parts = todo.pop().split(".")
+        for i in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ first
+            path = _module_file(".".join(parts[:i]))
+            if path and path not in seen:
+                seen.add(path)
+                todo += _imports(path)
+                if path == ROOT / "envace" / "domains" / "__init__.py":
+                    todo += [spec.partition(":")[0] for spec in BUILTINS.values()]
+    return sorted(p.relative_to(ROOT).as_posix() for p in seen)
+
+
+def _module_file(name: str) -> Path | None:
+    if name.split(".")[0] not in ("envace", "flows"):
+        return None
+    path = ROOT.joinpath(*name.split("."))
+    return next((p for p in (path / "__init__.py", path.with_suffix(".py")) if p.is_file()), None)
+
+
+def _imports(path: Path) -> list[str]:
+    """The modules a file imports (absolute names; `from a import b` yields a and a.b)."""
+    package = ".".join(path.relative_to(ROOT).parent.parts)
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            names += [base] + [f"{base}.{a.name}" for a in node.names]
+    return names

@@ -38,9 +38,9 @@ TINY_PARAMS = {
 }
 
 
-def make_project(path: Path, params: dict = TINY_PARAMS, dvc: bool = True) -> Path:
+def make_project(path: Path, params: dict = TINY_PARAMS, dvc: bool = True, copy_code: bool = False) -> Path:
     """A throwaway project dir: our dvc.yaml, the given params (every section written out),
-    `dvc init --no-scm`."""
+    `dvc init --no-scm`; the package linked (or copied, for a test that edits it)."""
     path.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "dvc.yaml", path / "dvc.yaml")
     # every section written out (defaults filled in): DVC needs each section a stage lists
@@ -48,7 +48,10 @@ def make_project(path: Path, params: dict = TINY_PARAMS, dvc: bool = True) -> Pa
 
     (path / "params.yaml").write_text(yaml.safe_dump(parse_params(params).model_dump()))
     # stage deps name source files: link the package so DVC can hash them
-    (path / "envace").symlink_to(ROOT / "envace")
+    if copy_code:
+        shutil.copytree(ROOT / "envace", path / "envace", ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        (path / "envace").symlink_to(ROOT / "envace")
     if dvc:
         subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=path, check=True)
         subprocess.run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], cwd=path, check=True)

@@ -1,6 +1,7 @@
 """End to end: the Prefect flow over the DVC stages on a tiny profile, with MLflow."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from envace.project import import_closure
 from tests.conftest import TINY_PARAMS, make_project
 
 pytestmark = pytest.mark.slow
@@ -48,7 +50,7 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
     from flows.full_pipeline import envace_flow, pipeline_stages
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    project = make_project(tmp_path / "proj")
+    project = make_project(tmp_path / "proj", copy_code=True)  # a copy of the package: the test edits it
     summary = envace_flow(project_dir=str(project))
 
     variants = ["train@sft", "train@real_env", "train@simulator", "train@envace"]
@@ -138,6 +140,16 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
     # plain `dvc repro` restores the pinned file from the cache instead
     assert _dvc(project, "repro").returncode == 0
     assert path.read_text().splitlines()[4] != lines[4]
+
+    # editing code makes exactly the stages that import it stale: none for a file no stage runs,
+    # the rollout stages (not collect .. base_model) for the episode runner
+    for edited in ("envace/act.py", "envace/rollout/runner.py"):
+        (project / edited).write_text((project / edited).read_text() + "\n# edited\n")
+        stale = set(re.findall(r"^(\S+):$", _dvc(project, "status").stdout, re.M))
+        runs_it = {name for name, spec in declared.items()
+                   if edited in import_closure(re.search(r"python -m (\S+)", spec["cmd"]).group(1))}
+        assert stale == runs_it, edited
+    assert runs_it and "collect" not in runs_it and "evaluate" in runs_it
 
 
 def test_failing_gate_stops_the_flow_and_reports(tmp_path, prefect_api, monkeypatch):

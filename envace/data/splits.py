@@ -9,6 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 
+def spread(items: list, n: int) -> list:
+    """`n` items evenly spaced through `items` (all of them when n is 0 or too large):
+    the splits are ordered by domain, so every domain stays represented."""
+    if not n or n >= len(items):
+        return items
+    return [items[i * len(items) // n] for i in range(n)]
+
 
 def scenario_key(scenario) -> str:
     return hashlib.sha1(json.dumps(scenario, sort_keys=True).encode()).hexdigest()[:16]

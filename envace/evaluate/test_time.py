@@ -28,7 +28,7 @@ from envace.rehearsal import harmful_executed
 from envace.rehearsal.guard import Guard, is_high_risk, preconditions_of, review
 from envace.rehearsal.memory import condense, imagine
 from envace.rollout.runner import EpisodeRunner, RealResponder
-from envace.stages.warmup import spread
+from envace.data.splits import spread
 
 
 def paired_gain(after: list[bool], before: list[bool], z: float = 1.96) -> tuple[float, float, float]:

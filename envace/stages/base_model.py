@@ -21,10 +21,10 @@ from pathlib import Path
 from envace.config import Params
 from envace.domains import use_domains
 from envace.io import write_json
+from envace.paths import BASE_MODEL, TOKENIZER
 from envace.stages import StageFailed
-from envace.stages.prepare import TOKENIZER
 
-MODEL_DIR = Path("models/base")
+MODEL_DIR = BASE_MODEL
 METRICS = Path("metrics/base_model.json")
 
 

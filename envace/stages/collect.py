@@ -24,10 +24,10 @@ from envace.data.logs import import_logs
 from envace.domains import use_domains
 from envace.evaluate import success_rates
 from envace.io import write_json, write_jsonl
+from envace.paths import COLLECTED, RAW
 from envace.stages import StageFailed
 
-RAW = Path("data/raw/episodes.jsonl")
-METRICS = Path("metrics/collect.json")
+METRICS = COLLECTED
 
 
 def run(params: Params) -> dict[str, Path]:

@@ -18,13 +18,12 @@ import os
 from pathlib import Path
 
 from envace.config import Params
+from envace.data.splits import spread
 from envace.io import read_jsonl, write_json, write_text
+from envace.paths import EVAL_METRICS, PREPARED, TRAIN_METRICS, TRAIN_MODELS
 from envace.stages import StageFailed
-from envace.stages.prepare import PREPARED
-from envace.stages.train import METRICS as TRAIN_METRICS
-from envace.stages.train import MODELS as TRAIN_MODELS
 
-METRICS = Path("metrics/eval.json")
+METRICS = EVAL_METRICS
 REPORT = Path("reports/eval.md")
 
 
@@ -34,7 +33,6 @@ def run(params: Params) -> dict[str, Path]:
 
     from envace.domains.base import Task
     from envace.evaluate.real import backend_kind, unavailable
-    from envace.stages.warmup import spread
     from envace.train.grpo import VARIANTS, leak_words_of
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))

@@ -15,12 +15,10 @@ from envace.data.splits import assign_splits
 from envace.data.tokenizer import episode_texts, schema_texts, train_tokenizer
 from envace.domains import use_domains
 from envace.io import atomic_dir, read_jsonl, write_json, write_jsonl
+from envace.paths import PREPARED, RAW, TOKENIZER
 from envace.stages import StageFailed
-from envace.stages.collect import RAW
 
-PREPARED = Path("data/prepared")
 SPLITS = ("train", "val", "test")
-TOKENIZER = PREPARED / "tokenizer"
 METRICS = Path("metrics/prepare.json")
 
 

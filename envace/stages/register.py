@@ -21,12 +21,10 @@ from pathlib import Path
 import yaml
 
 from envace.config import Params
+from envace.data.splits import spread
 from envace.io import read_jsonl, write_json, write_text
+from envace.paths import EVAL_METRICS, PREPARED, TRAIN_MODELS
 from envace.stages import StageFailed
-from envace.stages.evaluate import METRICS as EVAL_METRICS
-from envace.stages.prepare import PREPARED
-from envace.stages.train import MODELS as TRAIN_MODELS
-from envace.stages.warmup import spread
 
 METRICS = Path("metrics/register.json")
 REPORT = Path("reports/register.md")

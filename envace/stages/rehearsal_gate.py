@@ -14,11 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from envace.config import Params
+from envace.data.splits import spread
 from envace.gates import describe_failures, run_checks
 from envace.io import read_jsonl, write_json, write_text
+from envace.paths import PREPARED, WARMUP_MODEL
 from envace.stages import StageFailed
-from envace.stages.prepare import PREPARED
-from envace.stages.warmup import MODEL_DIR, spread
 
 METRICS = Path("metrics/rehearsal.json")
 REPORT = Path("reports/rehearsal_gate.md")
@@ -31,7 +31,7 @@ def run(params: Params) -> dict[str, Path]:
     from envace.rollout.runner import load_policy
 
     cfg = params.gate
-    policy = load_policy(MODEL_DIR, params.trainer, params.model.max_seq_len)
+    policy = load_policy(WARMUP_MODEL, params.trainer, params.model.max_seq_len)
     test = spread(list(read_jsonl(PREPARED / "test.jsonl")), cfg.episodes)
     cap = params.rollout.max_new_tokens
     shown = rehearsal_accuracy(policy, test, privileged=True, max_new_tokens=cap)

@@ -21,10 +21,10 @@ import os
 from pathlib import Path
 
 from envace.config import Params
+from envace.data.splits import spread
 from envace.io import read_jsonl, write_csv, write_json, write_text
+from envace.paths import PREPARED, TRAIN_MODELS
 from envace.stages import StageFailed
-from envace.stages.prepare import PREPARED
-from envace.stages.train import MODELS as TRAIN_MODELS
 
 METRICS = Path("metrics/rehearse.json")
 REPORT = Path("reports/rehearse.md")
@@ -41,7 +41,6 @@ def run(params: Params) -> dict[str, Path]:
     from envace.evaluate.test_time import budget_curve, guard_contexts, guard_end_to_end, guard_table
     from envace.evaluate.real import unavailable
     from envace.rollout.runner import load_policy
-    from envace.stages.warmup import spread
 
     cfg = params.rehearse
     torch.set_num_threads(max(1, os.cpu_count() or 1))

@@ -23,12 +23,10 @@ from pathlib import Path
 
 from envace.config import Params
 from envace.io import read_jsonl, write_json
+from envace.paths import PREPARED, TRAIN_METRICS, TRAIN_MODELS, WARMUP_MODEL
 from envace.stages import StageFailed
-from envace.stages.prepare import PREPARED
-from envace.stages.warmup import MODEL_DIR as WARMUP_DIR
 
-MODELS = Path("models/train")
-METRICS = Path("metrics/train")
+MODELS, METRICS = TRAIN_MODELS, TRAIN_METRICS
 CHECKPOINTS = Path("checkpoints/train")
 
 
@@ -47,12 +45,12 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
 
     if variant not in VARIANTS:
         raise StageFailed(f"unknown variant {variant!r}: expected one of {', '.join(VARIANTS)}")
-    if not any((WARMUP_DIR / f).exists() for f in ("config.json", "adapter_config.json")):
-        raise StageFailed(f"{WARMUP_DIR} holds no model: run the warmup stage first")
+    if not any((WARMUP_MODEL / f).exists() for f in ("config.json", "adapter_config.json")):
+        raise StageFailed(f"{WARMUP_MODEL} holds no model: run the warmup stage first")
     cfg = params.train
     L.seed_everything(cfg.seed, verbose=False)
     precision = precision_of(params.trainer)
-    model, tokenizer = load(WARMUP_DIR, dtype=weights_dtype(precision), trainable=True)
+    model, tokenizer = load(WARMUP_MODEL, dtype=weights_dtype(precision), trainable=True)
     policy = Policy(model, tokenizer, max_len(params.model, model), autocast_dtype(precision))
     out_dir, metrics_path = MODELS / variant, METRICS / f"{variant}.json"
     start = time.perf_counter()
@@ -72,7 +70,7 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
         return {"model": out_dir, "metrics": metrics_path}
     simulator = None
     if variant == "simulator":
-        frozen = load(WARMUP_DIR, dtype=weights_dtype(precision))[0].eval().requires_grad_(False)
+        frozen = load(WARMUP_MODEL, dtype=weights_dtype(precision))[0].eval().requires_grad_(False)
         simulator = Policy(frozen, tokenizer, policy.max_len, policy.autocast)
     module = GRPOModule(policy, tasks, variant, cfg, params.rollout, params.roles, leak_words_of(episodes),
                         simulator=simulator)
@@ -141,7 +139,7 @@ def last_checkpoint(path: Path):
 
 def fingerprint(params: Params) -> str:
     """What a checkpoint is valid for: the params the stage reads and the warmup model."""
-    weights = hashlib.md5(b"".join(f.read_bytes() for f in sorted(WARMUP_DIR.glob("*.safetensors")))).hexdigest()
+    weights = hashlib.md5(b"".join(f.read_bytes() for f in sorted(WARMUP_MODEL.glob("*.safetensors")))).hexdigest()
     dumped = params.model_dump()
     used = {k: dumped[k] for k in ("train", "rollout", "roles", "model", "trainer")}
     return hashlib.md5(json.dumps([used, weights], sort_keys=True).encode()).hexdigest()

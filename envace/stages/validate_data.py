@@ -16,11 +16,10 @@ from envace.config import Params
 from envace.gates import describe_failures, run_checks
 from envace.gates.data_quality import SPLITS, build_tables, checks
 from envace.io import write_json, write_text
+from envace.paths import COLLECTED, PREPARED
 from envace.stages import StageFailed
-from envace.stages.prepare import PREPARED
 
 METRICS = Path("metrics/data.json")
-COLLECTED = Path("metrics/collect.json")  # where each domain's episodes came from
 REPORT = Path("reports/data_validation.md")
 
 

@@ -25,11 +25,12 @@ import time
 from pathlib import Path
 
 from envace.config import Params
+from envace.data.splits import spread
 from envace.io import read_jsonl, write_csv, write_json
+from envace.paths import BASE_MODEL, PREPARED, WARMUP_MODEL
 from envace.stages import StageFailed
-from envace.stages.prepare import PREPARED
 
-MODEL_DIR = Path("models/warmup")
+MODEL_DIR = WARMUP_MODEL
 METRICS = Path("metrics/warmup.json")
 STEP_PLOT = Path("plots/warmup_steps.csv")
 EPOCH_PLOT = Path("plots/warmup_epochs.csv")
@@ -47,21 +48,20 @@ def run(params: Params) -> dict[str, Path]:
     from envace.gates.rehearsal import core_tools
     from envace.model import autocast_dtype, load, max_len, precision_of, save, weights_dtype, with_lora
     from envace.rollout.runner import Policy
-    from envace.stages.base_model import MODEL_DIR as BASE_DIR
     from envace.tracking import lightning_logger
     from envace.train import trainer_options
     from envace.train.data import SFTDataset, collate, length_batches
     from envace.train.warmup import StepCurve, WarmupModule
 
     cfg, gate = params.warmup, params.gate
-    if not (BASE_DIR / "config.json").exists():
-        raise StageFailed(f"{BASE_DIR} holds no model: run the base_model stage first")
+    if not (BASE_MODEL / "config.json").exists():
+        raise StageFailed(f"{BASE_MODEL} holds no model: run the base_model stage first")
     if cfg.batch_size < params.trainer.devices:
         raise StageFailed(f"warmup.batch_size {cfg.batch_size} is the global batch: it must be at least "
                           f"trainer.devices ({params.trainer.devices})")
     L.seed_everything(cfg.seed, verbose=False)
     precision = precision_of(params.trainer)
-    model, tokenizer = load(BASE_DIR, dtype=weights_dtype(precision))
+    model, tokenizer = load(BASE_MODEL, dtype=weights_dtype(precision))
     model = with_lora(model, params.model.lora)
     policy = Policy(model, tokenizer, max_len(params.model, model), autocast_dtype(precision))
     train = spread(list(read_jsonl(PREPARED / "train.jsonl")), cfg.train_episodes)
@@ -185,13 +185,6 @@ def run(params: Params) -> dict[str, Path]:
           f"{before.get('rehearsal_parse_rate', 0):.2f} -> {after['rehearsal_parse_rate']:.2f}", flush=True)
     return {"model": MODEL_DIR, "metrics": METRICS, "plots": EPOCH_PLOT}
 
-
-def spread(items: list, n: int) -> list:
-    """`n` items evenly spaced through `items` (all of them when n is 0 or too large):
-    the splits are ordered by domain, so every domain stays represented."""
-    if not n or n >= len(items):
-        return items
-    return [items[i * len(items) // n] for i in range(n)]
 
 
 if __name__ == "__main__":
