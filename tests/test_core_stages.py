@@ -43,7 +43,7 @@ def test_warmup_writes_model_metrics_plots_and_checkpoint(warmed):
     assert sum(metrics["real"]["failed_steps"].values()) + round(metrics["real_success"] * 12) <= 12
     assert (warmed / "plots/warmup_steps.csv").read_text().startswith("step,act_loss,rehearse_loss")
     assert (warmed / "plots/warmup_epochs.csv").read_text().startswith("epoch,val_rehearsal_exact")
-    assert (warmed / "checkpoints/warmup/last.ckpt").exists()
+    assert not (warmed / "checkpoints/warmup").exists()  # removed once the model is written
     model, tok = load(warmed / "models/warmup")
     assert model.config.hidden_size == 32 and tok.padding_side == "left"
 
@@ -167,9 +167,47 @@ def test_train_killed_mid_run_resumes_from_its_checkpoint(warmed, tmp_path):
         (fresh / "models/train/envace/model.safetensors").read_bytes()
 
 
+def test_warmup_killed_mid_run_resumes_and_ends_as_an_uninterrupted_run(warmed, tmp_path):
+    """kill -9 after an epoch's checkpoint: the rerun resumes there, and its weights, epoch
+    curve and step curve equal an uninterrupted run's."""
+    import signal
+    import time
+
+    fresh, killed = tmp_path / "fresh", tmp_path / "killed"
+    for d in (fresh, killed):
+        shutil.copytree(warmed / "data", d / "data")
+        shutil.copytree(warmed / "models/base", d / "models/base")
+    params = _params_file(tmp_path, warmup={"max_epochs": 4, "min_epochs": 4, "eval_tasks": 4})
+    cmd = [sys.executable, "-m", "envace.stages.warmup", "--params", str(params)]
+    done = subprocess.run(cmd, cwd=fresh, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    proc = subprocess.Popen(cmd, cwd=killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = killed / "checkpoints/warmup/last.ckpt"
+    while not last.exists() and proc.poll() is None:  # written after the first epoch
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "warmup finished before it could be killed"
+    assert not (killed / "models/warmup").exists()
+    again = subprocess.run(cmd, cwd=killed, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "warmup: resuming from checkpoint" in again.stdout
+    assert not last.parent.exists() and not list(killed.rglob("*.part"))
+
+    def curve(root):
+        epochs = json.loads((root / "metrics/warmup.json").read_text())["per_epoch"]
+        return [{k: v for k, v in e.items() if k != "seconds"} for e in epochs]
+
+    assert len(curve(killed)) == 4 and curve(killed) == curve(fresh)
+    assert (killed / "plots/warmup_steps.csv").read_text() == (fresh / "plots/warmup_steps.csv").read_text()
+    assert (killed / "models/warmup/model.safetensors").read_bytes() == \
+        (fresh / "models/warmup/model.safetensors").read_bytes()
+
+
 def test_train_starts_over_when_the_checkpoint_is_from_other_params(warmed, tmp_path):
     from envace.config import parse_params
-    from envace.stages.train import fingerprint, resumable
+    from envace.paths import WARMUP_MODEL
+    from envace.train.checkpoint import fingerprint, resumable
     from tests.conftest import TINY_PARAMS
 
     ckpt = tmp_path / "envace"
@@ -179,10 +217,11 @@ def test_train_starts_over_when_the_checkpoint_is_from_other_params(warmed, tmp_
     cwd = os.getcwd()
     os.chdir(warmed)
     try:
-        stamp = fingerprint(parse_params(TINY_PARAMS))
+        stamp = fingerprint(parse_params(TINY_PARAMS), ("train", "model"), [WARMUP_MODEL])
+        assert stamp != fingerprint(parse_params({**TINY_PARAMS, "train": {"steps": 3}}), ("train", "model"), [WARMUP_MODEL])
     finally:
         os.chdir(cwd)
-    assert resumable(ckpt, stamp) is None
+    assert resumable(ckpt, stamp, "train[envace]") is None
     assert not (ckpt / "last.ckpt").exists() and (ckpt / "fingerprint").read_text() == stamp
 
 

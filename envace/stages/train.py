@@ -13,9 +13,6 @@ would), and the checkpoint is removed once the variant has finished.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import shutil
 import sys
 import time
@@ -41,6 +38,7 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     from envace.rollout.runner import Policy
     from envace.tracking import lightning_logger
     from envace.train import trainer_options
+    from envace.train.checkpoint import fingerprint, last_checkpoint, resumable
     from envace.train.grpo import VARIANTS, GRPOModule, leak_words_of
 
     if variant not in VARIANTS:
@@ -79,7 +77,8 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
                         logger=lightning_logger(f"train-{variant}"), callbacks=[last_checkpoint(ckpt_dir / "last.ckpt")],
                         enable_checkpointing=False, log_every_n_steps=1, enable_progress_bar=sys.stderr.isatty(),
                         enable_model_summary=False)
-    resume = resumable(ckpt_dir, fingerprint(params), prepare=trainer.is_global_zero)
+    resume = resumable(ckpt_dir, fingerprint(params, ("train", "rollout", "roles", "model", "trainer"), [WARMUP_MODEL]),
+                       f"train[{variant}]", prepare=trainer.is_global_zero)
     taught = {}
     if cfg.memory_examples and resume is None:  # every RL variant starts alike, so the comparison stays fair
         taught = supervised_start(policy, episodes, params, variant)  # every rank alike: the same weights
@@ -120,50 +119,6 @@ def supervised_start(policy, episodes: list[dict], params: Params, variant: str)
     print(f"train[{variant}]: supervised start of ACT on {len(examples)} successful logged examples "
           f"(final ACT loss {loss:.3f}) in {time.perf_counter() - start:.0f}s", flush=True)
     return {"examples": len(examples), "act_loss": round(loss, 4)}
-
-
-def last_checkpoint(path: Path):
-    """A Lightning callback saving the whole training state after every step, atomically
-    (written aside, then renamed): a `kill -9` mid-write leaves the previous one intact."""
-    import lightning as L
-
-    class _LastCheckpoint(L.Callback):
-        def on_train_batch_end(self, trainer, *args):
-            part = path.with_suffix(".part")
-            trainer.save_checkpoint(part, weights_only=False)  # every rank (a barrier); rank 0 writes
-            if trainer.is_global_zero:  # the whole state: resume needs the optimizer
-                os.replace(part, path)
-
-    return _LastCheckpoint()
-
-
-def fingerprint(params: Params) -> str:
-    """What a checkpoint is valid for: the params the stage reads and the warmup model."""
-    weights = hashlib.md5(b"".join(f.read_bytes() for f in sorted(WARMUP_MODEL.glob("*.safetensors")))).hexdigest()
-    dumped = params.model_dump()
-    used = {k: dumped[k] for k in ("train", "rollout", "roles", "model", "trainer")}
-    return hashlib.md5(json.dumps([used, weights], sort_keys=True).encode()).hexdigest()
-
-
-def resumable(ckpt_dir: Path, stamp: str, prepare: bool = True) -> Path | None:
-    """The last checkpoint of an interrupted run with the same fingerprint, else None (and,
-    with `prepare` — rank 0 — the directory is made ready for this run's checkpoints)."""
-    last, stamp_file = ckpt_dir / "last.ckpt", ckpt_dir / "fingerprint"
-    if last.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
-        import torch
-
-        steps = len(torch.load(last, map_location="cpu", weights_only=False)["grpo"]["history"])
-        if prepare:
-            print(f"train[{ckpt_dir.name}]: resuming from checkpoint {last} after {steps} step(s)", flush=True)
-        return last
-    if prepare:
-        if last.exists():
-            print(f"train[{ckpt_dir.name}]: checkpoint {last} is from other params or another warmup model; "
-                  "starting over", flush=True)
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
-        ckpt_dir.mkdir(parents=True)
-        stamp_file.write_text(stamp)
-    return None
 
 
 if __name__ == "__main__":

@@ -13,13 +13,19 @@ is the global batch, split across ranks (`train.data.collate`), and only rank 0 
 
 Writes `models/warmup/` (safetensors + tokenizer; adapters for LoRA), `metrics/warmup.json`
 ({"epochs", "wall_s", "real_success", ...}), training curves as DVC plots
-(`plots/warmup_steps.csv`, `plots/warmup_epochs.csv`) and Lightning checkpoints in
-`checkpoints/warmup/`. Curves go to MLflow (the flow's stage run when the flow runs it).
+(`plots/warmup_steps.csv`, `plots/warmup_epochs.csv`). Curves go to MLflow (the flow's stage
+run when the flow runs it).
+
+The whole training state is checkpointed after every epoch (`checkpoints/warmup/last.ckpt`,
+`envace.train.checkpoint`): a warmup killed at any point resumes from its last finished epoch
+when started again with the same params, base model and data — the batch order, privileged
+dropout and curves continue as if uninterrupted, so the weights equal an uninterrupted run's.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -50,6 +56,7 @@ def run(params: Params) -> dict[str, Path]:
     from envace.rollout.runner import Policy
     from envace.tracking import lightning_logger
     from envace.train import trainer_options
+    from envace.train.checkpoint import fingerprint, last_checkpoint, resumable
     from envace.train.data import SFTDataset, collate, length_batches
     from envace.train.warmup import StepCurve, WarmupModule
 
@@ -94,7 +101,9 @@ def run(params: Params) -> dict[str, Path]:
     module = WarmupModule(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, len(loader) * cfg.max_epochs, cfg.lambda_env,
                           cfg.min_lr_ratio, policy)
     epochs: list[dict] = []
-    start = time.perf_counter()
+    clock = {"start": time.perf_counter()}  # moved back by the time a resumed run had already spent
+    seconds = lambda: time.perf_counter() - clock["start"]  # noqa: E731
+    stopped = {"yes": False}  # the gate stopped training (a resumed run must not train on)
 
     def gate_status(episodes: list[dict], min_examples: int) -> tuple[dict, dict[str, float], bool]:
         policy.model.eval()
@@ -143,34 +152,57 @@ def run(params: Params) -> dict[str, Path]:
                 confirmed = gate_status(confirm, gate.min_tool_examples)[2] if check is not confirm else passes
             epochs.append({"epoch": epoch, "val_rehearsal_exact": acc["exact"], "val_rehearsal_field": acc["field"],
                            "val_min_core_tool": min(core.values(), default=0.0),
-                           "seconds": round(time.perf_counter() - start, 1)})
+                           "seconds": round(seconds(), 1)})
             pl_module.log_dict({"val/rehearsal_exact": acc["exact"], "val/min_core_tool": epochs[-1]["val_min_core_tool"]})
             weakest = min(core, key=core.get, default="-")
             if trainer.is_global_zero:
-                print(f"epoch {epoch} ({time.perf_counter() - start:.0f}s): val rehearsal exact {acc['exact']:.3f}, "
+                print(f"epoch {epoch} ({seconds():.0f}s): val rehearsal exact {acc['exact']:.3f}, "
                       f"weakest tool {weakest} {core.get(weakest, 0.0):.3f}"
                       f"{' — gate passes on val, stopping' if confirmed else ''}", flush=True)
-            trainer.should_stop = confirmed
+            trainer.should_stop = stopped["yes"] = confirmed
             dataset.resample(epoch)  # redraw the privileged dropout
 
+    class RunState(L.Callback):
+        """What a resumed run needs beyond Lightning's own state, saved in each checkpoint: the
+        epochs so far, the untrained measurement, the batch order's random state, the time spent."""
+
+        def state_dict(self):
+            return {"epochs": epochs, "before": before, "rng": rng.getstate(), "torch_rng": torch.get_rng_state(),
+                    "seconds": seconds(), "stopped": stopped["yes"]}
+
+        def load_state_dict(self, state):
+            epochs[:] = state["epochs"]
+            before.update(state["before"])
+            rng.setstate(state["rng"])
+            torch.set_rng_state(state["torch_rng"])
+            clock["start"] = time.perf_counter() - state["seconds"]
+            stopped["yes"] = state["stopped"]
+            dataset.resample(len(epochs))
+
+        def on_train_start(self, trainer, pl_module):
+            if stopped["yes"]:  # killed after the gate had stopped training: nothing is left to train
+                trainer.should_stop = True
+
     trainer = L.Trainer(
-        max_epochs=cfg.max_epochs, **trainer_options(params.trainer),
-        logger=lightning_logger("warmup"), callbacks=[Before(), GateWatch(), StepCurve(STEP_PLOT), L.pytorch.callbacks.ModelCheckpoint(
-            dirpath=CHECKPOINTS, save_last=True, save_top_k=0)],
-        reload_dataloaders_every_n_epochs=1, log_every_n_steps=10, num_sanity_val_steps=0,
+        max_epochs=cfg.max_epochs, **trainer_options(params.trainer), logger=lightning_logger("warmup"),
+        callbacks=[Before(), GateWatch(), RunState(), StepCurve(STEP_PLOT), last_checkpoint(CHECKPOINTS / "last.ckpt", "epoch")],
+        enable_checkpointing=False, reload_dataloaders_every_n_epochs=1, log_every_n_steps=10, num_sanity_val_steps=0,
         gradient_clip_val=cfg.grad_clip, enable_progress_bar=sys.stderr.isatty(),  # piped (the flow): epoch lines only
     )
     trainer_box.append(trainer)
+    stamp = fingerprint(params, ("model", "trainer", "roles", "rollout", "warmup", "gate"), [BASE_MODEL, PREPARED])
+    resume = resumable(CHECKPOINTS, stamp, "warmup", prepare=trainer.is_global_zero)
     model.train()
-    trainer.fit(module, loader)
+    trainer.fit(module, loader, ckpt_path=resume)
     if not trainer.is_global_zero:  # the other ranks' work ends with training; rank 0 writes
         return {}
     if module.rank_divergence:
         raise StageFailed(f"the {trainer.world_size} data-parallel ranks ended with different weights "
                           f"(checksums differ by {module.rank_divergence:.3g})")
-    wall = time.perf_counter() - start
+    wall = seconds()
     model = policy.model.eval()  # under FSDP the replica, which holds the final weights
     save(model, tokenizer, MODEL_DIR)
+    shutil.rmtree(CHECKPOINTS, ignore_errors=True)
     after, real = skills()
     write_csv(EPOCH_PLOT, epochs)
     write_json(METRICS, {

@@ -93,3 +93,9 @@ class StepCurve(L.Callback):
     def on_train_end(self, trainer, pl_module):
         if trainer.is_global_zero:
             write_csv(self.path, self.rows)
+
+    def state_dict(self):  # a resumed run's curve continues the killed one's
+        return {"rows": self.rows}
+
+    def load_state_dict(self, state):
+        self.rows = state["rows"]
