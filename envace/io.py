@@ -1,27 +1,109 @@
-"""Atomic file writes: a crash or an error never leaves a half-written artifact."""
+"""Atomic file writes: a crash or an error never leaves a half-written artifact.
+
+Every write goes to a temp file (or folder) beside its destination and is renamed over it
+when complete. Inside `committed_together` (every stage's entry point) the renames wait for
+the end of the block, so a stage's outputs all come from one run, or none is replaced. Temp
+files get the permissions of a plain file (umask applied), and one left by a killed writer
+is removed by the next write of the same destination.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
+_pending: list[tuple[Path, Path]] | None = None  # (temp, destination), while a block commits together
+
+
+@contextmanager
+def committed_together(keep_on: type[BaseException] | tuple = ()):
+    """Stage every write in the block; install them all when it ends, or when it raises one of
+    `keep_on` (a gate's verdict is an output too); any other exception discards them all."""
+    global _pending
+    _pending = []
+    try:
+        yield
+    except keep_on:
+        _install_pending()
+        raise
+    except BaseException:
+        for tmp, _ in _pending:
+            _remove(tmp)
+        raise
+    else:
+        _install_pending()
+    finally:
+        _pending = None
+
+
+def written(path: str | Path) -> Path:
+    """Where `path`'s latest content is: its staged temp inside `committed_together`, else itself."""
+    path = Path(path)
+    return next((tmp for tmp, dest in reversed(_pending or []) if dest == path), path)
+
+
+def _install_pending() -> None:
+    for tmp, dest in _pending:
+        _install(tmp, dest)
+    _pending.clear()
+
+
+def _install(tmp: Path, dest: Path) -> None:
+    if tmp.is_dir() and dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def _temp_beside(path: Path, directory: bool = False) -> Path:
+    """A fresh temp file (or folder) beside `path`, with plain permissions; the temps of an
+    earlier writer of `path` that never finished (killed) are removed, and so is a temp of
+    this block's earlier write of it (the later write wins)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if _pending is not None:
+        for tmp, dest in [p for p in _pending if p[1] == path]:
+            _pending.remove((tmp, dest))
+    for stale in path.parent.glob(f".{path.name}.*"):
+        _remove(stale)
+    umask = os.umask(0)
+    os.umask(umask)
+    if directory:
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+        tmp.chmod(0o777 & ~umask)
+    else:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        os.close(fd)
+        tmp = Path(name)
+        tmp.chmod(0o666 & ~umask)
+    return tmp
+
+
+def _finish(tmp: Path, path: Path) -> None:
+    if _pending is None:
+        _install(tmp, path)
+    else:
+        _pending.append((tmp, path))
+
 
 @contextmanager
 def atomic_writer(path: str | Path):
-    """Open a temp file beside `path`; rename it over `path` only if the block succeeds."""
+    """Open a temp file beside `path`; it replaces `path` only if the block succeeds."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    tmp = _temp_beside(path)
     try:
-        with os.fdopen(fd, "w") as f:
+        with open(tmp, "w") as f:
             yield f
-        os.replace(tmp, path)
+        _finish(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        _remove(tmp)
         raise
 
 
@@ -58,18 +140,13 @@ def write_text(path: str | Path, text: str) -> None:
 @contextmanager
 def atomic_dir(path: str | Path):
     """Yield a temp directory beside `path`; it replaces `path` only if the block succeeds."""
-    import shutil
-
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    tmp = _temp_beside(path, directory=True)
     try:
         yield tmp
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        _finish(tmp, path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
         raise
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -101,3 +102,34 @@ def _imports(path: Path) -> list[str]:
                 base = ".".join(up + ([base] if base else []))
             names += [base] + [f"{base}.{a.name}" for a in node.names]
     return names
+
+
+DATA_DEPS = ("envace/schemas",)  # package data a stage reads, not Python it imports
+
+
+def with_code_deps(text: str) -> str:
+    """dvc.yaml's text with each stage's code deps replaced by `code_deps` of its module
+    (the first deps, in order; the data deps after them and every comment stay)."""
+    lines, out, module, i = text.split("\n"), [], None, 0
+    while i < len(lines):
+        line = lines[i]
+        cmd = re.match(r"^\s+cmd: python -m (\S+)", line)
+        module = cmd.group(1) if cmd else module
+        out.append(line)
+        i += 1
+        if re.match(r"^\s+deps:\s*$", line) and module:
+            kept, indent = [], None
+            while i < len(lines) and re.match(r"^\s+- ", lines[i]):
+                indent = re.match(r"^(\s+)- ", lines[i]).group(1)
+                dep = lines[i].strip()[2:].split("#")[0].strip()
+                if not dep.startswith(("envace/", "flows/")) or dep in DATA_DEPS:
+                    kept.append(lines[i])
+                i += 1
+            out += [f"{indent}- {d}" for d in code_deps(module)] + kept
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # python -m envace.project: bring dvc.yaml's code deps up to date
+    dvc_yaml = ROOT / "dvc.yaml"
+    dvc_yaml.write_text(with_code_deps(dvc_yaml.read_text()))
+    print(f"{dvc_yaml}: code deps = each stage's import closure")

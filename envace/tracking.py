@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+from envace.io import written
 
 EXPERIMENT = "envace"
 
@@ -86,8 +90,12 @@ def log_to_run(params: dict, metrics: dict, tags: dict, artifacts=()) -> None:
     if tags:
         mlflow.set_tags(tags)
     for path in artifacts:
-        if Path(path).is_file():
+        source = written(path)  # a stage's own output is still staged until the stage ends
+        if source.is_file() and source == Path(path):
             mlflow.log_artifact(str(path))
+        elif source.is_file():
+            with tempfile.TemporaryDirectory() as tmp:
+                mlflow.log_artifact(shutil.copy(source, Path(tmp) / Path(path).name))
 
 
 def _param_value(value) -> str:

@@ -8,10 +8,9 @@ import re
 import pytest
 import yaml
 
-from envace.project import ROOT, code_deps, import_closure
+from envace.project import DATA_DEPS, ROOT, code_deps, import_closure, with_code_deps
 
 SPEC = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-DATA_DEPS = {"envace/schemas"}  # package data a stage reads, not Python it imports
 
 
 def module_of(stage: dict) -> str:
@@ -24,7 +23,16 @@ def test_a_stages_code_deps_are_its_import_closure(name):
     listed = sorted(d for d in stage["deps"] if d.startswith(("envace/", "flows/")) and d not in DATA_DEPS)
     wanted = code_deps(module_of(SPEC[name]))
     assert listed == wanted, (f"dvc.yaml stage {name}: code deps differ from its import closure; "
-                              f"missing {sorted(set(wanted) - set(listed))}, not imported {sorted(set(listed) - set(wanted))}")
+                              f"missing {sorted(set(wanted) - set(listed))}, not imported {sorted(set(listed) - set(wanted))}"
+                              " (python -m envace.project rewrites them)")
+
+
+def test_rewriting_the_code_deps_keeps_everything_else():
+    text = (ROOT / "dvc.yaml").read_text()
+    assert with_code_deps(text) == text  # in sync: nothing to change
+    stale = text.replace("      - envace/stages/collect.py\n", "", 1).replace(
+        "      - envace/paths.py\n", "      - envace/paths.py\n      - envace/act.py\n", 1)
+    assert stale != text and with_code_deps(stale) == text
 
 
 def test_the_closure_follows_lazy_and_relative_imports_and_the_domain_registry():

@@ -22,6 +22,7 @@ def main(name: str, run: Callable, variants: tuple[str, ...] = ()) -> None:
     from envace.config import ParamsError, load_params
     from envace.data.logs import LogError
     from envace.domains import DomainError, use_domains
+    from envace.io import committed_together
 
     parser = argparse.ArgumentParser(prog=f"python -m envace.stages.{name}", description=run.__doc__)
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
@@ -32,7 +33,8 @@ def main(name: str, run: Callable, variants: tuple[str, ...] = ()) -> None:
     try:
         params = load_params(args.params)
         use_domains(params.collect.domains, real_backends=params.collect.real_backends)
-        outputs = run(params, *([args.variant] if variants else []))
+        with committed_together(keep_on=StageFailed):  # all outputs of this run, or none replaced
+            outputs = run(params, *([args.variant] if variants else []))
     except (ParamsError, StageFailed, DomainError, LogError) as err:
         print(f"{name}: {err}", file=sys.stderr)
         sys.exit(1)
