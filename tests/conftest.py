@@ -31,11 +31,19 @@ TINY_PARAMS = {
     },
     "model": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64},
     "rollout": {"max_turns": 4, "max_new_tokens": 48, "batch_size": 32},
-    "warmup": {"max_epochs": 1, "batch_size": 16, "eval_tasks": 12, "warmup_steps": 5},
+    "warmup": {"max_epochs": 1, "min_epochs": 1, "batch_size": 16, "eval_tasks": 12, "warmup_steps": 5},
     "gate": {"min_rehearsal_accuracy": 0.0, "min_tool_examples": 3},
     "train": {"steps": 2, "tasks_per_step": 3, "group_size": 2, "memory_examples": 32},
     "rehearse": {"tasks": 6, "budgets": [0, 1, 2]},
 }
+
+
+def write_params(path: Path, params: dict) -> Path:
+    """A params file with every section written out (defaults filled in), as envace requires."""
+    from envace.config import parse_params
+
+    path.write_text(yaml.safe_dump(parse_params(params).model_dump()))
+    return path
 
 
 def make_project(path: Path, params: dict = TINY_PARAMS, dvc: bool = True, copy_code: bool = False) -> Path:

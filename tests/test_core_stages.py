@@ -18,7 +18,7 @@ def warmed(prepared_dir, tmp_path_factory):
     """collect + prepare (shared) + base_model + warmup on the tiny profile, in a private copy."""
     from envace.config import parse_params
     from envace.stages import base_model, warmup
-    from tests.conftest import TINY_PARAMS
+    from tests.conftest import TINY_PARAMS, write_params
 
     root = tmp_path_factory.mktemp("warmed")
     shutil.copytree(prepared_dir / "data", root / "data")
@@ -51,7 +51,7 @@ def test_warmup_writes_model_metrics_plots_and_checkpoint(warmed):
 def _gate(warmed, monkeypatch, threshold):
     from envace.config import parse_params
     from envace.stages import rehearsal_gate
-    from tests.conftest import TINY_PARAMS
+    from tests.conftest import TINY_PARAMS, write_params
 
     monkeypatch.chdir(warmed)
     params = json.loads(json.dumps(TINY_PARAMS))
@@ -78,24 +78,20 @@ def test_rehearsal_gate_above_one_fails_naming_the_tools(warmed, monkeypatch):
 
 
 def test_rehearsal_gate_entry_point_exits_nonzero(warmed, tmp_path):
-    import yaml
-
-    from tests.conftest import TINY_PARAMS
+    from tests.conftest import TINY_PARAMS, write_params
 
     params = json.loads(json.dumps(TINY_PARAMS))
     params["gate"]["min_rehearsal_accuracy"] = 1.01
-    (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
+    write_params(tmp_path / "p.yaml", params)
     out = subprocess.run([sys.executable, "-m", "envace.stages.rehearsal_gate", "--params", str(tmp_path / "p.yaml")],
                          cwd=warmed, capture_output=True, text=True)
     assert out.returncode == 1 and "rehearsal gate failed: tools below 1.01" in out.stderr
 
 
 def _train_entry(warmed, tmp_path, variant):
-    import yaml
+    from tests.conftest import TINY_PARAMS, write_params
 
-    from tests.conftest import TINY_PARAMS
-
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
+    write_params(tmp_path / "params.yaml", TINY_PARAMS)
     return subprocess.run([sys.executable, "-m", "envace.stages.train", "--params", str(tmp_path / "params.yaml"),
                            "--variant", variant], cwd=warmed, capture_output=True, text=True)
 
@@ -123,15 +119,12 @@ def test_train_sft_is_the_warmup_model_and_unknown_variants_are_refused(warmed, 
 
 
 def _params_file(tmp_path, **sections):
-    import yaml
-
-    from tests.conftest import TINY_PARAMS
+    from tests.conftest import TINY_PARAMS, write_params
 
     params = json.loads(json.dumps(TINY_PARAMS))
     for name, values in sections.items():
         params[name].update(values)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    return tmp_path / "params.yaml"
+    return write_params(tmp_path / "params.yaml", params)
 
 
 def test_train_killed_mid_run_resumes_from_its_checkpoint(warmed, tmp_path):
@@ -208,7 +201,7 @@ def test_train_starts_over_when_the_checkpoint_is_from_other_params(warmed, tmp_
     from envace.config import parse_params
     from envace.paths import WARMUP_MODEL
     from envace.train.checkpoint import fingerprint, resumable
-    from tests.conftest import TINY_PARAMS
+    from tests.conftest import TINY_PARAMS, write_params
 
     ckpt = tmp_path / "envace"
     ckpt.mkdir()
@@ -230,7 +223,7 @@ def test_evaluate_compares_every_variant_in_the_real_backends(warmed, tmp_path, 
 
     from envace.config import parse_params
     from envace.stages import evaluate
-    from tests.conftest import TINY_PARAMS
+    from tests.conftest import TINY_PARAMS, write_params
 
     for variant in ("sft", "real_env", "simulator", "envace"):
         if not (warmed / "models/train" / variant).exists():
@@ -262,7 +255,7 @@ def test_evaluate_compares_every_variant_in_the_real_backends(warmed, tmp_path, 
 def test_evaluate_names_the_variants_not_trained(tmp_path, monkeypatch):
     from envace.config import parse_params
     from envace.stages import evaluate
-    from tests.conftest import TINY_PARAMS
+    from tests.conftest import TINY_PARAMS, write_params
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(StageFailed, match="no trained model for variant.s. sft, real_env, simulator, envace"):

@@ -80,9 +80,7 @@ def test_a_stage_killed_between_its_outputs_replaces_none_of_them(prepared_dir, 
     old tokenizer (no mix of two runs), and the rerun installs all of them."""
     import shutil
 
-    import yaml
-
-    from tests.conftest import TINY_PARAMS
+    from tests.conftest import TINY_PARAMS, write_params
 
     shutil.copytree(prepared_dir / "data", tmp_path / "data")
     def files():  # the artifacts, not the temps a killed writer leaves (the next write removes them)
@@ -91,7 +89,7 @@ def test_a_stage_killed_between_its_outputs_replaces_none_of_them(prepared_dir, 
 
     old = files()
     params = {**TINY_PARAMS, "prepare": {**TINY_PARAMS["prepare"], "seed": 1}}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    write_params(tmp_path / "params.yaml", params)
     # stop the stage right after the splits are written: the tokenizer is trained next
     stop = ("import os, signal, envace.stages.prepare as p\n"
             "real = p.train_tokenizer\n"

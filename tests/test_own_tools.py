@@ -16,6 +16,7 @@ import yaml
 from envace.data.logs import LogError, import_logs
 from envace.domains import DOMAINS, DomainError, get_domain, load_domain, use_domains
 from envace.domains.base import Domain, is_error
+from tests.conftest import write_params
 
 ROOT = Path(__file__).resolve().parents[1]
 GITFORGE = ROOT / "examples" / "gitforge" / "domains" / "gitforge"
@@ -297,7 +298,7 @@ def test_a_bad_log_from_the_command_line_is_one_line_and_exit_1(logged, tmp_path
     shutil.copytree(logged, folder)
     with (folder / "episodes.jsonl").open("a") as f:
         f.write('{"id": "late", "success": true}\n')
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"collect": {"domains": ["domains/gitforge"]}}))
+    write_params(tmp_path / "params.yaml", {"collect": {"domains": ["domains/gitforge"]}})
     proc = subprocess.run([sys.executable, "-m", "envace.stages.collect"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == f"collect: {folder.relative_to(tmp_path)}/episodes.jsonl:31: (line): " \
