@@ -42,7 +42,7 @@ run: install
 GITFORGE := examples/gitforge
 example: install
 	test -f $(GITFORGE)/domains/gitforge/episodes.jsonl || \
-	  $(PY) $(GITFORGE)/make_logs.py --episodes 1200 --seed 0 --out $(GITFORGE)/domains/gitforge/episodes.jsonl
+	  $(PY) $(GITFORGE)/make_logs.py --episodes 3000 --seed 0 --out $(GITFORGE)/domains/gitforge/episodes.jsonl
 	$(PY) -m envace.cli run --project-dir $(GITFORGE)
 
 # The pipeline as a service: Prefect + MLflow servers on 127.0.0.1 (PREFECT_PORT / MLFLOW_PORT,

@@ -12,6 +12,15 @@ def _run(args) -> int:
     from envace import env
 
     root = Path(args.project_dir).resolve()
+    if args.until is not None:  # checked before anything starts (Prefect, MLflow)
+        import yaml
+
+        from envace.project import ROOT
+
+        names = list(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])  # a project's are the same
+        if args.until not in names:
+            print(f"envace run: --until {args.until!r} is not a stage; stages: {', '.join(names)}", file=sys.stderr)
+            return 2
     env.configure(root)
     if args.profile:
         from envace.config import ParamsError, apply_profile

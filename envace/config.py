@@ -349,8 +349,8 @@ def parse_params(raw: dict, source: str = "params.yaml") -> Params:
         for e in err.errors():
             key = ".".join(str(p) for p in e["loc"])
             msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-            problems.append(f"  {key}: {msg}")
-        raise ParamsError(f"{source}: invalid parameters\n" + "\n".join(problems)) from None
+            problems.append(f"{key}: {msg.removeprefix('Value error, ')}")
+        raise ParamsError(f"{source}: invalid parameters: {'; '.join(problems)}") from None
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:

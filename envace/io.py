@@ -21,22 +21,23 @@ _pending: list[tuple[Path, Path]] | None = None  # (temp, destination), while a 
 
 
 @contextmanager
-def committed_together(keep_on: type[BaseException] | tuple = ()):
+def committed_together(keep_on: type[BaseException] | tuple = (), installed: list | None = None):
     """Stage every write in the block; install them all when it ends, or when it raises one of
-    `keep_on` (a gate's verdict is an output too); any other exception discards them all."""
+    `keep_on` (a gate's verdict is an output too); any other exception discards them all.
+    The destinations installed are appended to `installed`."""
     global _pending
     _pending = []
     try:
         yield
     except keep_on:
-        _install_pending()
+        _install_pending(installed)
         raise
     except BaseException:
         for tmp, _ in _pending:
             _remove(tmp)
         raise
     else:
-        _install_pending()
+        _install_pending(installed)
     finally:
         _pending = None
 
@@ -47,9 +48,11 @@ def written(path: str | Path) -> Path:
     return next((tmp for tmp, dest in reversed(_pending or []) if dest == path), path)
 
 
-def _install_pending() -> None:
+def _install_pending(installed: list | None) -> None:
     for tmp, dest in _pending:
         _install(tmp, dest)
+        if installed is not None:
+            installed.append(dest)
     _pending.clear()
 
 
@@ -116,14 +119,20 @@ def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
     return n
 
 
+class DataError(ValueError):
+    """A data file is unreadable: the message names the file and the line."""
+
+
 def read_jsonl(path: str | Path) -> Iterator[dict]:
-    """Strict reader: a broken line raises, naming the file and the line."""
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
+    """Strict reader of UTF-8 JSON lines: a broken line raises DataError naming file and line."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
             try:
-                yield json.loads(line)
+                yield json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path}:{lineno}: not UTF-8 text ({err.reason} at byte {err.start} of the line)") from None
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+                raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
 
 
 def write_json(path: str | Path, obj) -> None:

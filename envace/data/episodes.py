@@ -95,3 +95,13 @@ EPISODE_SCHEMA = {
     },
     "required": ["id", "task", "messages"],
 }
+
+
+def episode_error(row: Any) -> str | None:
+    """Why a line is not an episode of this format (the first reason, with its JSON path), or None."""
+    from jsonschema import Draft202012Validator
+
+    err = next(iter(Draft202012Validator(EPISODE_SCHEMA).iter_errors(row)), None)
+    if err is None:
+        return None
+    return f"{'/'.join(map(str, err.absolute_path)) or '(line)'}: {err.message[:160]}"

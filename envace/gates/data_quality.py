@@ -16,26 +16,15 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pandas as pd
-from jsonschema import Draft202012Validator
 
 from envace.config import Params
-from envace.data.episodes import EPISODE_SCHEMA
+from envace.data.episodes import episode_error
 from envace.data.splits import scenario_key
 from envace.domains import use_domains
 from envace.domains.base import argument_error, Tool
 from envace.gates import WHERE, Check
 
 SPLITS = ("train", "val", "test")
-
-
-_EPISODE_VALIDATOR = Draft202012Validator(EPISODE_SCHEMA)
-
-
-def _schema_error(row) -> str | None:
-    err = next(iter(_EPISODE_VALIDATOR.iter_errors(row)), None)
-    if err is None:
-        return None
-    return f"{'/'.join(map(str, err.absolute_path)) or '<line>'}: {err.message[:120]}"
 
 
 def _is_json(value) -> bool:
@@ -59,17 +48,17 @@ def build_tables(folder: Path, params: Params) -> dict[str, pd.DataFrame]:
     episodes, calls, responses = [], [], []
     for split in SPLITS:
         path = folder / f"{split}.jsonl"
-        with open(path) as f:
+        with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
                 where = f"{path.name}:{lineno}"
                 row = {WHERE: where, "file_split": split, "parses": True, "schema_error": None,
                        "id": None, "domain": None, "task_type": None, "split": None, "request": None, "scenario": None}
                 try:
-                    ep = json.loads(line)
-                except json.JSONDecodeError:
+                    ep = json.loads(line.decode("utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError):  # not UTF-8, or not JSON: does not parse
                     episodes.append({**row, "parses": False, "matches_schema": False})
                     continue
-                error = _schema_error(ep)
+                error = episode_error(ep)
                 row.update(schema_error=error, matches_schema=error is None)
                 if error is None:
                     task = ep["task"]

@@ -97,7 +97,11 @@ def load(path: str | Path, dtype: torch.dtype | None = None, base: str | Path | 
     if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise CheckpointError(f"{path}: the checkpoint has no tokenizer (tokenizer.json, tokenizer.model or "
                               "vocab.json): save the tokenizer next to the weights")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - a damaged tokenizer or config file
+        raise CheckpointError(f"{path}: the tokenizer does not load ({type(err).__name__}: "
+                              f"{' '.join(str(err).split())[:300]})") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -110,8 +114,9 @@ def load(path: str | Path, dtype: torch.dtype | None = None, base: str | Path | 
         return PeftModel.from_pretrained(model, path, is_trainable=trainable), tokenizer
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path}: the weights do not load: {err}") from None
+    except Exception as err:  # noqa: BLE001 - safetensors, JSON and OS errors alike: a damaged checkpoint
+        raise CheckpointError(f"{path}: the weights do not load ({type(err).__name__}: "
+                              f"{' '.join(str(err).split())[:300]})") from None
     return model, tokenizer
 
 

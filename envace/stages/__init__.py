@@ -22,7 +22,7 @@ def main(name: str, run: Callable, variants: tuple[str, ...] = ()) -> None:
     from envace.config import ParamsError, load_params
     from envace.data.logs import LogError
     from envace.domains import DomainError, use_domains
-    from envace.io import committed_together
+    from envace.io import DataError, committed_together
 
     parser = argparse.ArgumentParser(prog=f"python -m envace.stages.{name}", description=run.__doc__)
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
@@ -32,10 +32,40 @@ def main(name: str, run: Callable, variants: tuple[str, ...] = ()) -> None:
     start = time.perf_counter()
     try:
         params = load_params(args.params)
-        use_domains(params.collect.domains, real_backends=params.collect.real_backends)
-        with committed_together(keep_on=StageFailed):  # all outputs of this run, or none replaced
-            outputs = run(params, *([args.variant] if variants else []))
-    except (ParamsError, StageFailed, DomainError, LogError) as err:
+        installed: list = []
+        try:
+            use_domains(params.collect.domains, real_backends=params.collect.real_backends)
+            with committed_together(keep_on=StageFailed, installed=installed):  # all of this run's, or none
+                outputs = run(params, *([args.variant] if variants else []))
+        except BaseException:  # what the failed run did not rewrite no longer describes its inputs
+            remove_stale_outputs(name, getattr(args, "variant", None), installed)
+            raise
+    except Exception as err:
+        # bad input the message explains (a checkpoint error can only come from a loaded model module)
+        model = sys.modules.get("envace.model")
+        explained = (ParamsError, StageFailed, DomainError, LogError, DataError, *([model.CheckpointError] if model else []))
+        if not isinstance(err, explained):
+            raise
         print(f"{name}: {err}", file=sys.stderr)
         sys.exit(1)
     print(f"{name}: done in {time.perf_counter() - start:.1f}s -> {', '.join(map(str, outputs.values()))}")
+
+
+def remove_stale_outputs(stage: str, variant: str | None, keep: list) -> None:
+    """Remove the outputs dvc.yaml declares for `stage` that a failed run did not write (as DVC
+    does before it runs a stage): a gate that failed early must not leave the last run's
+    "passed" verdict behind. Without a dvc.yaml here, nothing is removed."""
+    import shutil
+    from pathlib import Path
+
+    import yaml
+
+    if not Path("dvc.yaml").exists():
+        return
+    spec = (yaml.safe_load(Path("dvc.yaml").read_text()) or {}).get("stages", {}).get(stage, {})
+    body = spec.get("do", spec)
+    for entry in body.get("outs", []) + body.get("metrics", []) + body.get("plots", []):
+        path = Path(str(next(iter(entry)) if isinstance(entry, dict) else entry).replace("${item}", variant or ""))
+        if "${" in str(path) or path in keep or not path.exists():
+            continue
+        shutil.rmtree(path) if path.is_dir() else path.unlink()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from envace.config import Params
+from envace.data.episodes import episode_error
 from envace.data.splits import assign_splits
 from envace.data.tokenizer import episode_texts, schema_texts, train_tokenizer
 from envace.domains import use_domains
@@ -27,8 +28,12 @@ def run(params: Params) -> dict[str, Path]:
     cfg = params.prepare
     try:
         episodes = list(read_jsonl(RAW))
-    except (OSError, ValueError) as err:
-        raise StageFailed(str(err)) from None
+    except OSError as err:
+        raise StageFailed(f"{RAW}: cannot read ({err.strerror}); run collect first") from None
+    for lineno, episode in enumerate(episodes, 1):
+        problem = episode_error(episode)
+        if problem:
+            raise StageFailed(f"{RAW}:{lineno}: {problem}")
     splits = assign_splits(episodes, cfg.val_fraction, cfg.test_fraction, cfg.seed)
     by_split: dict[str, list[dict]] = {s: [] for s in SPLITS}
     for ep, split in zip(episodes, splits):

@@ -62,14 +62,20 @@ def resumable(ckpt_dir: Path, stamp: str, label: str, prepare: bool = True) -> P
     if last.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
         import torch
 
-        state = torch.load(last, map_location="cpu", weights_only=False)
-        if prepare:
-            print(f"{label}: resuming from checkpoint {last} (epoch {state['epoch'] + 1}, step {state['global_step']})",
-                  flush=True)
-        return last
+        try:
+            state = torch.load(last, map_location="cpu", weights_only=False)
+        except Exception as err:  # noqa: BLE001 - torch raises many kinds for a damaged file
+            state, why = None, f"unreadable ({type(err).__name__})"
+        if state is not None:
+            if prepare:
+                print(f"{label}: resuming from checkpoint {last} (epoch {state['epoch'] + 1}, step "
+                      f"{state['global_step']})", flush=True)
+            return last
+    else:
+        why = "from other params or inputs"
     if prepare:
         if last.exists():
-            print(f"{label}: checkpoint {last} is from other params or inputs; starting over", flush=True)
+            print(f"{label}: checkpoint {last} is {why}; starting over", flush=True)
         shutil.rmtree(ckpt_dir, ignore_errors=True)
         ckpt_dir.mkdir(parents=True)
         stamp_file.write_text(stamp)
