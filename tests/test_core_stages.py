@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -127,10 +128,26 @@ def _params_file(tmp_path, **sections):
     return write_params(tmp_path / "params.yaml", params)
 
 
-def test_train_killed_mid_run_resumes_from_its_checkpoint(warmed, tmp_path):
+def kill_at_checkpoint_and_rerun(cmd: list[str], root: Path, checkpoint: str, output: str, resumed: str) -> None:
+    """Start `cmd`, kill -9 it as soon as its first checkpoint exists, run it again: it must
+    resume, finish, and remove its checkpoints (no `.part` left)."""
     import signal
     import time
 
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = root / checkpoint
+    while not last.exists() and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the stage finished before it could be killed"
+    assert not (root / output).exists()
+    again = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert resumed in again.stdout
+    assert not last.parent.exists() and not list(root.rglob("*.part"))  # removed once the stage finished
+
+
+def test_train_killed_mid_run_resumes_from_its_checkpoint(warmed, tmp_path):
     fresh, killed = tmp_path / "fresh", tmp_path / "killed"
     for d in (fresh, killed):
         shutil.copytree(warmed / "data", d / "data")
@@ -139,17 +156,8 @@ def test_train_killed_mid_run_resumes_from_its_checkpoint(warmed, tmp_path):
     cmd = [sys.executable, "-m", "envace.stages.train", "--params", str(params), "--variant", "envace"]
     assert subprocess.run(cmd, cwd=fresh, capture_output=True, text=True).returncode == 0
 
-    proc = subprocess.Popen(cmd, cwd=killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    last = killed / "checkpoints/train/envace/last.ckpt"
-    while not last.exists() and proc.poll() is None:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "training finished before it could be killed"
-    assert not (killed / "models/train/envace").exists()
-    again = subprocess.run(cmd, cwd=killed, capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "train[envace]: resuming from checkpoint" in again.stdout
-    assert not last.parent.exists()  # removed once the variant finished
+    kill_at_checkpoint_and_rerun(cmd, killed, "checkpoints/train/envace/last.ckpt", "models/train/envace",
+                                 "train[envace]: resuming from checkpoint")
 
     def history(root):  # same seed -> same metrics, whether or not the run was interrupted
         steps = json.loads((root / "metrics/train/envace.json").read_text())["history"]
@@ -163,9 +171,6 @@ def test_train_killed_mid_run_resumes_from_its_checkpoint(warmed, tmp_path):
 def test_warmup_killed_mid_run_resumes_and_ends_as_an_uninterrupted_run(warmed, tmp_path):
     """kill -9 after an epoch's checkpoint: the rerun resumes there, and its weights, epoch
     curve and step curve equal an uninterrupted run's."""
-    import signal
-    import time
-
     fresh, killed = tmp_path / "fresh", tmp_path / "killed"
     for d in (fresh, killed):
         shutil.copytree(warmed / "data", d / "data")
@@ -175,17 +180,8 @@ def test_warmup_killed_mid_run_resumes_and_ends_as_an_uninterrupted_run(warmed, 
     done = subprocess.run(cmd, cwd=fresh, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 
-    proc = subprocess.Popen(cmd, cwd=killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    last = killed / "checkpoints/warmup/last.ckpt"
-    while not last.exists() and proc.poll() is None:  # written after the first epoch
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "warmup finished before it could be killed"
-    assert not (killed / "models/warmup").exists()
-    again = subprocess.run(cmd, cwd=killed, capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "warmup: resuming from checkpoint" in again.stdout
-    assert not last.parent.exists() and not list(killed.rglob("*.part"))
+    kill_at_checkpoint_and_rerun(cmd, killed, "checkpoints/warmup/last.ckpt", "models/warmup",  # after epoch 1
+                                 "warmup: resuming from checkpoint")
 
     def curve(root):
         epochs = json.loads((root / "metrics/warmup.json").read_text())["per_epoch"]
