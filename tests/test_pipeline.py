@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from envace.project import import_closure
-from tests.conftest import TINY_PARAMS, make_project
+from tests.conftest import ROOT, TINY_PARAMS, make_project
 
 pytestmark = pytest.mark.slow
 
@@ -214,13 +214,13 @@ def test_cli_help_and_params_check(tmp_path):
     out = subprocess.run([*cli, "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "run" in out.stdout
     bad = tmp_path / "params.yaml"
-    bad.write_text("collect:\n  tasks_per_domian: 3\n")
+    bad.write_text((ROOT / "params.yaml").read_text().replace("  tasks_per_domain:", "  tasks_per_domian:", 1))
     out = subprocess.run([*cli, "check-params", "--params", str(bad)], capture_output=True, text=True)
     assert out.returncode == 2 and "collect.tasks_per_domian: unknown key" in out.stderr
 
 
 def test_stage_entry_point_reports_bad_params_without_traceback(tmp_path):
-    (tmp_path / "params.yaml").write_text("prepare:\n  val_fraction: two\n")
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text().replace("  val_fraction: 0.1", "  val_fraction: two", 1))
     out = subprocess.run([sys.executable, "-m", "envace.stages.prepare"], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 1
     assert "prepare.val_fraction" in out.stderr and "Traceback" not in out.stderr
