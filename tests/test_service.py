@@ -91,9 +91,12 @@ def servers_gone(*ports: int, timeout: float = 60) -> None:
 
 
 def fresh_clone(project: Path, clone: Path) -> Path:
-    """What a git clone of the project holds: the pipeline files and DVC's config, no outputs."""
+    """What a git clone of the project holds: the pipeline files, DVC's config, and the outputs
+    git tracks (metrics, reports, plots: `cache: false`); not the cached ones (data, models)."""
     clone.mkdir()
-    for name in ("dvc.yaml", "dvc.lock", "params.yaml", ".dvc/config"):
+    tracked = [p.relative_to(project) for folder in ("metrics", "reports", "plots") for p in (project / folder).rglob("*")
+               if p.is_file()]
+    for name in ("dvc.yaml", "dvc.lock", "params.yaml", ".dvc/config", ".dvcignore", *tracked):
         (clone / name).parent.mkdir(parents=True, exist_ok=True)
         (clone / name).write_bytes((project / name).read_bytes())
     (clone / "envace").symlink_to(ROOT / "envace")
@@ -137,6 +140,8 @@ def test_served_deployment_runs_the_pipeline_registers_and_survives_a_kill(tmp_p
         clone = fresh_clone(project, tmp_path / "clone")
         pulled = subprocess.run([sys.executable, "-m", "dvc", "pull", "-q"], cwd=clone, capture_output=True, text=True)
         assert pulled.returncode == 0, pulled.stderr
+        status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=clone, capture_output=True, text=True)
+        assert "Data and pipelines are up to date" in status.stdout, status.stdout[-3000:]  # nothing would rerun
         for path in ("data/prepared/test.jsonl", "models/train/envace/model.safetensors", "models/warmup/model.safetensors"):
             assert (clone / path).read_bytes() == (project / path).read_bytes(), path
         # the registered champion loads by alias and runs a task
