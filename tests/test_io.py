@@ -63,13 +63,13 @@ def test_files_get_plain_permissions(tmp_path):
 
 def test_a_killed_writer_leaves_a_temp_that_the_next_write_removes(tmp_path):
     target = tmp_path / "episodes.jsonl"
-    code = ("import sys, time; from envace.io import atomic_writer\n"
+    code = ("import sys; from envace.io import atomic_writer\n"
             f"with atomic_writer({str(target)!r}) as f:\n"
-            "    f.write('x' * 4096); f.flush(); print('writing', flush=True); time.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "writing"
+            "    f.write('x' * 4096); f.flush(); print('writing', flush=True); sys.stdin.readline()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"  # mid-write, blocked until we kill it
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.wait(timeout=30)
     assert not target.exists() and len(list(tmp_path.glob(".episodes.jsonl.*"))) == 1
     write_text(target, "complete\n")
     assert [p.name for p in tmp_path.iterdir()] == ["episodes.jsonl"]

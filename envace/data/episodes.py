@@ -16,6 +16,7 @@ Every response is stored exactly as the backend returned it.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 
@@ -97,11 +98,16 @@ EPISODE_SCHEMA = {
 }
 
 
-def episode_error(row: Any) -> str | None:
-    """Why a line is not an episode of this format (the first reason, with its JSON path), or None."""
+@cache
+def _validator():
     from jsonschema import Draft202012Validator
 
-    err = next(iter(Draft202012Validator(EPISODE_SCHEMA).iter_errors(row)), None)
+    return Draft202012Validator(EPISODE_SCHEMA)
+
+
+def episode_error(row: Any) -> str | None:
+    """Why a line is not an episode of this format (the first reason, with its JSON path), or None."""
+    err = next(iter(_validator().iter_errors(row)), None)
     if err is None:
         return None
     return f"{'/'.join(map(str, err.absolute_path)) or '(line)'}: {err.message[:160]}"

@@ -100,8 +100,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, base: str | Path | 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as err:  # noqa: BLE001 - a damaged tokenizer or config file
-        raise CheckpointError(f"{path}: the tokenizer does not load ({type(err).__name__}: "
-                              f"{' '.join(str(err).split())[:300]})") from None
+        raise _damaged(path, "the tokenizer does not load", err) from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -115,9 +114,13 @@ def load(path: str | Path, dtype: torch.dtype | None = None, base: str | Path | 
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     except Exception as err:  # noqa: BLE001 - safetensors, JSON and OS errors alike: a damaged checkpoint
-        raise CheckpointError(f"{path}: the weights do not load ({type(err).__name__}: "
-                              f"{' '.join(str(err).split())[:300]})") from None
+        raise _damaged(path, "the weights do not load", err) from None
     return model, tokenizer
+
+
+def _damaged(path: Path, what: str, err: Exception) -> CheckpointError:
+    """One line: what of the checkpoint at `path` fails, and the library's reason."""
+    return CheckpointError(f"{path}: {what} ({type(err).__name__}: {' '.join(str(err).split())[:300]})")
 
 
 def _adapter_base(path: Path) -> Path:

@@ -97,16 +97,12 @@ def argument_names(domain, episodes: list[dict]) -> tuple[tuple[str, ...], ...]:
     if not wanted:
         return ()
     reserved = set(WORDS.findall(json.dumps(domain.schemas()) + domain.policy))
-    numbers, words = {}, {}
-    for ep in episodes:
-        for call, _ in recorded_calls(ep):
-            for arg, value in (call.get("arguments") or {}).items():
-                if arg in wanted.get(call["name"], ()):
-                    for word in WORDS.findall(str(value)) if not isinstance(value, bool) else ():
-                        if word.isdigit():
-                            numbers[word] = None
-                        elif NAME.fullmatch(word) and word not in reserved:
-                            words[word] = None
+    values = [value for ep in episodes for call, _ in recorded_calls(ep)
+              for arg, value in (call.get("arguments") or {}).items()
+              if arg in wanted.get(call["name"], ()) and not isinstance(value, bool)]
+    pieces = [word for value in values for word in WORDS.findall(str(value))]
+    numbers = dict.fromkeys(w for w in pieces if w.isdigit())
+    words = dict.fromkeys(w for w in pieces if not w.isdigit() and NAME.fullmatch(w) and w not in reserved)
     return tuple(names for names in (tuple(numbers), tuple(words)) if names)
 
 
