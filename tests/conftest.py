@@ -32,7 +32,7 @@ TINY_PARAMS = {
     "model": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64},
     "rollout": {"max_turns": 4, "max_new_tokens": 48, "batch_size": 32},
     "warmup": {"max_epochs": 1, "min_epochs": 1, "batch_size": 16, "eval_tasks": 12, "warmup_steps": 5},
-    "gate": {"min_rehearsal_accuracy": 0.0, "min_tool_examples": 3},
+    "gate": {"min_rehearsal_accuracy": 0.0, "min_tool_examples": 0},  # open: a tiny test split lacks rare tools
     "train": {"steps": 2, "tasks_per_step": 3, "group_size": 2, "memory_examples": 32},
     "rehearse": {"tasks": 6, "budgets": [0, 1, 2]},
 }

@@ -49,14 +49,14 @@ def test_warmup_writes_model_metrics_plots_and_checkpoint(warmed):
     assert model.config.hidden_size == 32 and tok.padding_side == "left"
 
 
-def _gate(warmed, monkeypatch, threshold):
+def _gate(warmed, monkeypatch, threshold, **gate):
     from envace.config import parse_params
     from envace.stages import rehearsal_gate
     from tests.conftest import TINY_PARAMS, write_params
 
     monkeypatch.chdir(warmed)
     params = json.loads(json.dumps(TINY_PARAMS))
-    params["gate"]["min_rehearsal_accuracy"] = threshold
+    params["gate"].update(min_rehearsal_accuracy=threshold, **gate)
     return rehearsal_gate.run(parse_params(params))
 
 
@@ -71,11 +71,34 @@ def test_rehearsal_gate_reports_with_and_without_privileged_facts(warmed, monkey
 
 
 def test_rehearsal_gate_above_one_fails_naming_the_tools(warmed, monkeypatch):
-    with pytest.raises(StageFailed, match=r"tools below 1.01: .*find_account \d\.\d{3}"):
+    with pytest.raises(StageFailed, match=r"rehearsal gate failed: .*find_account \(\d\.\d{3} < 1.01\)"):
         _gate(warmed, monkeypatch, 1.01)
     r = json.loads((warmed / "metrics/rehearsal.json").read_text())
     assert r["passed"] is False
     assert "# Rehearsal gate: FAILED" in (warmed / "reports/rehearsal_gate.md").read_text()
+
+
+def test_rehearsal_gate_fails_closed_on_tools_too_rare_to_measure(warmed, monkeypatch):
+    """A perfect score does not pass a tool measured on too few calls; every offered tool is
+    gated, a tool never called in the held-out data too (0 calls)."""
+    from envace.domains import get_domain
+
+    with pytest.raises(StageFailed, match=r"find_account \(\d+ held-out calls < 100000\)"):
+        _gate(warmed, monkeypatch, 0.0, min_tool_examples=100000)
+    r = json.loads((warmed / "metrics/rehearsal.json").read_text())
+    offered = {t.name for d in ("bank", "files", "trading") for t in get_domain(d).tools}
+    assert set(r["verdicts"]) == offered and set(r["core_tools"]) == offered
+    assert all(v.startswith("failed: ") and "held-out calls < 100000" in v for v in r["verdicts"].values())
+    assert "| failed: " in (warmed / "reports/rehearsal_gate.md").read_text()
+
+
+def test_rehearsal_gate_exempts_only_named_tools_and_says_so(warmed, monkeypatch):
+    _gate(warmed, monkeypatch, 0.0, min_tool_examples=0, exempt_tools=["get_account_info"])
+    r = json.loads((warmed / "metrics/rehearsal.json").read_text())
+    assert r["verdicts"]["get_account_info"] == "not gated (listed in gate.exempt_tools)"
+    assert "get_account_info" not in r["core_tools"] and r["verdicts"]["find_account"] == "passed"
+    with pytest.raises(StageFailed, match=r"gate.exempt_tools names get_acount_info: not a tool"):
+        _gate(warmed, monkeypatch, 0.0, exempt_tools=["get_acount_info"])
 
 
 def test_rehearsal_gate_entry_point_exits_nonzero(warmed, tmp_path):
@@ -86,7 +109,7 @@ def test_rehearsal_gate_entry_point_exits_nonzero(warmed, tmp_path):
     write_params(tmp_path / "p.yaml", params)
     out = subprocess.run([sys.executable, "-m", "envace.stages.rehearsal_gate", "--params", str(tmp_path / "p.yaml")],
                          cwd=warmed, capture_output=True, text=True)
-    assert out.returncode == 1 and "rehearsal gate failed: tools below 1.01" in out.stderr
+    assert out.returncode == 1 and "rehearsal gate failed: " in out.stderr and "< 1.01)" in out.stderr
 
 
 def _train_entry(warmed, tmp_path, variant):

@@ -595,7 +595,7 @@ STATE_CHANGING = {
 READ_ONLY = {
     "bank": {"balance_inquiry", "transfer_insufficient"},
     "files": {"file_size", "file_exists", "delete_nonempty_folder"},
-    "trading": {"order_status", "cancel_completed"},
+    "trading": {"order_status", "cancel_completed", "account_balance"},
 }
 
 

@@ -104,7 +104,7 @@ def test_any_local_hf_checkpoint_loads_and_runs_episodes(tmp_path, prepared_dir)
     policy = Policy(model.eval(), loaded_tok)
     assert isinstance(policy.template, ChatTemplate) and policy.stop_id == loaded_tok.convert_tokens_to_ids("<|im_end|>")
     cfg = RolloutConfig(max_turns=2, max_new_tokens=8, batch_size=4)
-    episodes = EpisodeRunner(policy, ModelResponder(policy, cfg), cfg).run(generate_tasks(get_domain("bank"), 4, 0))
+    episodes = EpisodeRunner(policy, ModelResponder(policy, cfg, "rehearsed", 1.0), cfg, temperature=1.0).run(generate_tasks(get_domain("bank"), 4, 0))
     assert all(e.done for e in episodes)
 
 
@@ -220,34 +220,3 @@ def test_relabelling_does_not_depend_on_how_domains_hash(prepared_dir, tokenizer
     monkeypatch.setattr(Domain, "__hash__", lambda self: hashes.randrange(1 << 30))
     built = [SFTDataset(episodes, MinimalTemplate(), tokenizer, 0.0, relabel_rate=1.0).examples for _ in range(5)]
     assert all(examples == built[0] for examples in built[1:])
-
-
-def test_probes_add_real_listings_for_rehearse_only(prepared_dir, tokenizer):
-    import random
-
-    from envace.domains import get_domain
-    from envace.io import read_jsonl
-    from envace.roles import REHEARSE, ROLE_IDS, MinimalTemplate
-    from envace.train.data import SFTDataset, probe_calls
-
-    episodes = list(read_jsonl(prepared_dir / "data/prepared/train.jsonl"))
-    files = [e for e in episodes if e["task"]["domain"] == "files"][:20]
-    bank = [e for e in episodes if e["task"]["domain"] == "bank"][:20]
-    for ep in files:  # what the real backend answers: the listing of a non-empty folder of the scenario
-        folders = {f["folder_id"]: [x["name"] for x in f["files"]] for f in ep["task"]["scenario"]["folders"]}
-        probes = probe_calls(ep["task"], random.Random(0))
-        assert 1 <= len(probes) <= 3
-        for call, response in probes:
-            assert call["name"] == "list_folder"
-            assert response == {"folder_id": call["arguments"]["folder_id"], "files": folders[call["arguments"]["folder_id"]]}
-            assert response["files"]
-    assert get_domain("bank").probes is None and probe_calls(bank[0]["task"], random.Random(0)) == []
-
-    plain = SFTDataset(files + bank, MinimalTemplate(), tokenizer, 0.0)
-    probed = SFTDataset(files + bank, MinimalTemplate(), tokenizer, 0.0, probe_rate=1.0)
-    extra = [ex for ex in probed.examples if ex not in plain.examples]
-    assert len(extra) == len(files) and len(probed.examples) == len(plain.examples) + len(files)
-    for ids, roles in extra:  # REHEARSE conversations: only the listings (1 to 3) are targets
-        assert set(roles) == {0, ROLE_IDS[REHEARSE]}
-        starts = sum(r == ROLE_IDS[REHEARSE] and prev == 0 for prev, r in zip(roles, roles[1:]))
-        assert 1 <= starts <= 3

@@ -21,11 +21,18 @@ def test_splits_are_deterministic_and_roughly_proportional():
 
 
 def test_splits_do_not_depend_on_log_order():
+    """Grouped episodes too: a group's split comes from its smallest id, not its first."""
+    import random
+
     eps = [_episode(i) for i in range(200)]
-    forward = dict(zip((e["task"]["id"] for e in eps), assign_splits(eps, 0.1, 0.2, 0)))
-    rev = eps[::-1]
-    backward = dict(zip((e["task"]["id"] for e in rev), assign_splits(rev, 0.1, 0.2, 0)))
-    assert forward == backward
+    eps += [_episode(1000 + i, request=f"shared {i % 30}") for i in range(120)]  # 30 groups of 4
+    by_id = lambda order: dict(zip((e["task"]["id"] for e in order), assign_splits(order, 0.1, 0.2, 0)))  # noqa: E731
+    forward = by_id(eps)
+    for seed in range(5):
+        shuffled = eps[:]
+        random.Random(seed).shuffle(shuffled)
+        assert by_id(shuffled) == forward
+    assert len({forward[f"t{1000 + i}"] for i in range(120)}) > 1  # groups do spread over splits
 
 
 def test_episodes_sharing_a_request_or_scenario_land_in_one_split():

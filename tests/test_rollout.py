@@ -113,7 +113,7 @@ FUZZ = [
 def test_fuzzed_act_generations_are_recorded_failed_steps(tokenizer, kind, write):
     rng = random.Random(0)
     policy = ScriptedPolicy(tokenizer, lambda prompt: write(rng))
-    episodes = EpisodeRunner(policy, RealResponder(), CFG).run(_tasks("bank"))
+    episodes = EpisodeRunner(policy, RealResponder(), CFG, temperature=1.0).run(_tasks("bank"))
     for e in episodes:
         assert e.done and not e.success
         assert e.failure.startswith("act:"), e.failure
@@ -127,8 +127,8 @@ def test_fuzzed_rehearsals_are_recorded_failed_steps(tokenizer):
         return '[{"name":"find_account","arguments":{"owner":"Bob"}}]<|end|>'
 
     policy = ScriptedPolicy(tokenizer, write)
-    responder = ModelResponder(policy, CFG)
-    episodes = EpisodeRunner(policy, responder, CFG).run(_tasks("bank"))
+    responder = ModelResponder(policy, CFG, "rehearsed", 1.0)
+    episodes = EpisodeRunner(policy, responder, CFG, temperature=1.0).run(_tasks("bank"))
     assert all(e.failure == "rehearsed:rehearse_not_json" for e in episodes)
     assert all(e.real_calls == 0 for e in episodes)
 
@@ -142,7 +142,7 @@ def test_rehearsed_episode_runs_without_touching_the_real_backend(tokenizer):
         return '[{"name":"find_account","arguments":{"owner":"Bob"}},{"name":"find_account","arguments":{"owner":"Al"}}]<|end|>'
 
     policy = ScriptedPolicy(tokenizer, write)
-    episodes = EpisodeRunner(policy, ModelResponder(policy, CFG), CFG).run(_tasks("bank"))
+    episodes = EpisodeRunner(policy, ModelResponder(policy, CFG, "rehearsed", 1.0), CFG, temperature=1.0).run(_tasks("bank"))
     for e in episodes:
         assert e.failure is None and e.answer == "done" and e.real_calls == 0
         sources = [m["source"] for m in e.messages if m["role"] == "tool"]
@@ -159,7 +159,7 @@ def test_rehearsed_episode_runs_without_touching_the_real_backend(tokenizer):
 
 def test_turn_cap_is_enforced(tokenizer):
     policy = ScriptedPolicy(tokenizer, lambda p: '[{"name":"find_account","arguments":{"owner":"Bob"}}]<|end|>')
-    episodes = EpisodeRunner(policy, RealResponder(), CFG).run(_tasks("bank", 3))
+    episodes = EpisodeRunner(policy, RealResponder(), CFG, temperature=1.0).run(_tasks("bank", 3))
     for e in episodes:
         assert e.failure == "turn_limit"
         assert sum(m["role"] == "act" for m in e.messages) == CFG.max_turns
@@ -179,12 +179,12 @@ def test_real_responder_counts_calls_and_judges_with_state(tokenizer):
             return json.dumps(gt[turns], separators=(",", ":")) + "<|end|>"
         return json.dumps({"answer": f"It is {balance}."}) + "<|end|>"
 
-    (e,) = EpisodeRunner(ScriptedPolicy(tokenizer, write), RealResponder(), CFG).run([task])
+    (e,) = EpisodeRunner(ScriptedPolicy(tokenizer, write), RealResponder(), CFG, temperature=1.0).run([task])
     assert e.success and e.real_calls == sum(len(t) for t in gt) and e.final_state is not None
 
 
 def test_policy_model_runs_real_episodes_end_to_end(tokenizer, tiny_model):
     """An untrained model produces garbage; the runner records it and never crashes."""
     policy = Policy(tiny_model, tokenizer)
-    episodes = EpisodeRunner(policy, ModelResponder(policy, CFG), CFG, temperature=1.0).run(_tasks("trading", 6))
+    episodes = EpisodeRunner(policy, ModelResponder(policy, CFG, "rehearsed", 1.0), CFG, temperature=1.0).run(_tasks("trading", 6))
     assert all(e.done and e.failure for e in episodes)

@@ -1,7 +1,8 @@
 """Deterministic train/val/test splits that share no task id, request or scenario.
 
 Episodes that share any of these keys are grouped (union-find), and each group goes to
-one split chosen by a seeded hash of its first id — stable under reordering of the log.
+one split chosen by a seeded hash of its smallest task id — so the split of every episode
+is the same however the log is ordered.
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ def _groups(episodes: list[dict]) -> list[int]:
 def assign_splits(episodes: list[dict], val_fraction: float, test_fraction: float, seed: int) -> list[str]:
     """The split of each episode, in order."""
     roots = _groups(episodes)
+    smallest: dict[int, str] = {}
+    for root, ep in zip(roots, episodes):
+        smallest[root] = min(smallest.get(root, ep["task"]["id"]), ep["task"]["id"])
     out = []
     for root in roots:
-        digest = hashlib.sha256(f"{seed}:{episodes[root]['task']['id']}".encode()).digest()
+        digest = hashlib.sha256(f"{seed}:{smallest[root]}".encode()).digest()
         u = int.from_bytes(digest[:8], "big") / 2**64
         out.append("test" if u < test_fraction else "val" if u < test_fraction + val_fraction else "train")
     return out

@@ -351,9 +351,6 @@ class Domain:
     interchangeable: tuple[tuple[str, ...], ...] = ()
     """Classes of names (ids, file names, owners) that the backend only compares for
     equality: renaming them consistently within an episode leaves it valid."""
-    probes: Callable[[dict, random.Random], list[Call]] | None = None
-    """(scenario, rng) -> read-only calls to make on a scenario's real backend during warmup:
-    practice for REHEARSE on tools the demonstrator seldom calls (see `train.data`)."""
     declared_tools: tuple[Tool, ...] = ()
     """The tools when the backend does not define them (a declarative folder's tools.json)."""
     logs: Any = None

@@ -215,12 +215,5 @@ def demonstrate(task: Task, mistakes: Mistakes) -> Script:
     return "Deleted."
 
 
-def probes(scenario: dict, rng: random.Random) -> list[dict]:
-    """List up to three non-empty folders: the demonstrator seldom looks inside one (it
-    skips the checks), and a listing of several files is the hardest response to copy."""
-    folders = [f for f in scenario["folders"] if f["files"]]
-    return [call("list_folder", folder_id=f["folder_id"]) for f in rng.sample(folders, min(3, len(folders)))]
-
-
 DOMAIN = Domain("files", FilesBackend, TASK_TYPES, make_task, demonstrate,
-                interchangeable=tuple(map(tuple, (FILE_NAMES, FOLDER_NAMES, FOLDER_IDS, FILE_IDS))), probes=probes)
+                interchangeable=tuple(map(tuple, (FILE_NAMES, FOLDER_NAMES, FOLDER_IDS, FILE_IDS))))

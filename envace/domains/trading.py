@@ -5,7 +5,9 @@ The backend is BFCL's own deterministic Python class; what is ours: the tool sch
 over the offered tools after JSON-schema validation — never `eval`, no global instances),
 a templated task generator, and success judged BFCL's way: the backend's state after the
 episode must equal its state after replaying the ground truth.
-`place_order` and `cancel_order` are irreversible. In `cancel_completed` tasks the right
+`place_order` and `cancel_order` are irreversible. `account_balance` tasks exist so that
+`get_account_info` (otherwise called only by a careful buyer) has enough held-out calls to be
+gated. In `cancel_completed` tasks the right
 move is to look the order up and refuse; the demonstrator usually cancels blindly.
 """
 
@@ -145,6 +147,11 @@ REQUESTS = {
         "Can you check on my order {order_id}?",
         "Has order {order_id} gone through yet?",
     ),
+    "account_balance": (
+        "What is the balance of my trading account? I am weighing {amount} shares of {company}.",
+        "How much cash is there in my trading account? I might buy {amount} {company} shares later.",
+        "Before I think about {amount} shares of {company}, check my trading account's balance.",
+    ),
     "cancel_order": (
         "Cancel order {order_id}.",
         "Please cancel my order {order_id}.",
@@ -184,6 +191,9 @@ def make_task(rng: random.Random, task_type: str, task_id: str) -> Task:
         slots = {"company": company, "amount": rng.randint(1, 20)}
         order = call("place_order", order_type="Buy", symbol=symbol, price=stocks[symbol]["price"], amount=slots["amount"])
         checklist = Checklist([call("get_stock_info", symbol=symbol), order], final_answer=[str(scenario["order_counter"])])
+    elif task_type == "account_balance":  # the shares only make the request concrete: nothing is bought
+        slots = {"company": companies[0], "amount": rng.randint(1, 20)}
+        checklist = Checklist([call("get_account_info")], final_answer=[str(scenario["account_info"]["balance"])])
     else:
         order = rng.choice(orders)
         slots = {"order_id": order["id"]}
@@ -213,6 +223,9 @@ def demonstrate(task: Task, mistakes: Mistakes) -> Script:
                 return "Cannot buy: the balance is too low."
         (order,) = yield [call("place_order", order_type="Buy", symbol=symbol, price=info["price"], amount=s["amount"])]
         return f"Placed order {order['order_id']}."
+    if task.task_type == "account_balance":
+        (account,) = yield [call("get_account_info")]
+        return f"The balance is {account['balance']}."
     order_id = s["order_id"]
     if task.task_type == "order_status" or not mistakes.skip_check:
         (details,) = yield [call("get_order_details", order_id=order_id)]

@@ -166,10 +166,9 @@ class ModelResponder:
 
     DROPOUT = 1  # salt: the privileged-fact dropout draws of an episode's stream
 
-    def __init__(self, policy: Policy, cfg: RolloutConfig, source: str = "rehearsed", temperature: float | None = None,
+    def __init__(self, policy: Policy, cfg: RolloutConfig, source: str, temperature: float,
                  privileged: bool = True, privileged_dropout: float = 0.0):
-        self.policy, self.cfg, self.source = policy, cfg, source
-        self.temperature = cfg.temperature if temperature is None else temperature
+        self.policy, self.cfg, self.source, self.temperature = policy, cfg, source, temperature
         self.privileged, self.dropout = privileged, privileged_dropout
 
     def start(self, episodes: list[Episode]) -> None:
@@ -218,10 +217,9 @@ class Guard(Protocol):
 
 
 class EpisodeRunner:
-    def __init__(self, policy: Policy, responder: Responder, cfg: RolloutConfig, temperature: float | None = None,
+    def __init__(self, policy: Policy, responder: Responder, cfg: RolloutConfig, temperature: float,
                  seed: int = 0, guard: Guard | None = None):
-        self.policy, self.responder, self.cfg = policy, responder, cfg
-        self.temperature = cfg.temperature if temperature is None else temperature
+        self.policy, self.responder, self.cfg, self.temperature = policy, responder, cfg, temperature
         self.seed, self.guard = seed, guard
 
     def run(self, tasks: list[Task], streams: list[int] | None = None,

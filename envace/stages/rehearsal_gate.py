@@ -1,9 +1,10 @@
 """rehearsal_gate — is REHEARSE good enough for rehearsal-only RL? (Great Expectations)
 
 Measures rehearsal accuracy of the warmed-up model on the held-out test trajectories,
-teacher-forced, with and without the privileged facts, and requires every core tool to
-reach `gate.min_rehearsal_accuracy` (exact match, with facts). Below it the stage fails
-naming the tools that fall short and their accuracies, and nothing downstream runs.
+teacher-forced, with and without the privileged facts, and requires every tool the agent can
+call (but those in `gate.exempt_tools`) to have `gate.min_tool_examples` held-out calls and
+reach `gate.min_rehearsal_accuracy` (exact match, with facts). Otherwise the stage fails
+naming each tool that falls short and why, and nothing downstream runs.
 
 Writes `metrics/rehearsal.json` ({"overall", "overall_without_privileged", "per_tool",
 "threshold", "passed", ...}) and `reports/rehearsal_gate.md`.
@@ -27,32 +28,39 @@ REPORT = Path("reports/rehearsal_gate.md")
 def run(params: Params) -> dict[str, Path]:
     """Measure rehearsal accuracy on held-out real responses and apply the gate."""
     from envace.evaluate.rehearsal import rehearsal_accuracy
-    from envace.gates.rehearsal import checks, tool_table
+    from envace.gates.rehearsal import checks, offered_tools, tool_table, verdict
     from envace.rollout.runner import load_policy
 
     cfg = params.gate
     policy = load_policy(WARMUP_MODEL, params.trainer, params.model.max_seq_len)
     test = spread(list(read_jsonl(PREPARED / "test.jsonl")), cfg.episodes)
+    offered = offered_tools(test)
+    unknown = sorted(set(cfg.exempt_tools) - offered)
+    if unknown:
+        raise StageFailed(f"gate.exempt_tools names {', '.join(unknown)}: not a tool of the configured domains "
+                          f"({', '.join(sorted(offered))})")
     cap = params.rollout.max_new_tokens
     shown = rehearsal_accuracy(policy, test, privileged=True, max_new_tokens=cap)
     hidden = rehearsal_accuracy(policy, test, privileged=False, max_new_tokens=cap)
-    table = tool_table(shown["per_tool"], cfg)
+    table = tool_table(shown["per_tool"], offered, cfg)
     results = run_checks({"tools": table}, checks(cfg), cfg.max_examples)
     passed = all(r["success"] for r in results)
+    detail = {t: shown["per_tool"].get(t, {"exact": 0.0, "field": 0.0, "n": 0}) for t in sorted(offered | set(shown["per_tool"]))}
     summary = {
         "overall": shown["exact"], "overall_field": shown["field"],
         "overall_without_privileged": hidden["exact"], "overall_field_without_privileged": hidden["field"],
-        "per_tool": {t: r["exact"] for t, r in shown["per_tool"].items()},
-        "per_tool_without_privileged": {t: r["exact"] for t, r in hidden["per_tool"].items()},
-        "per_tool_detail": shown["per_tool"], "core_tools": table["tool"].tolist(), "calls": shown["n"],
-        "threshold": cfg.min_rehearsal_accuracy, "passed": passed, "expectations": results,
+        "per_tool": {t: r["exact"] for t, r in detail.items()},
+        "per_tool_without_privileged": {t: hidden["per_tool"].get(t, {"exact": 0.0})["exact"] for t in detail},
+        "per_tool_detail": detail, "core_tools": table["tool"].tolist(),
+        "verdicts": {t: verdict(t, r["exact"], r["n"], cfg) for t, r in detail.items()}, "calls": shown["n"],
+        "threshold": cfg.min_rehearsal_accuracy, "min_tool_examples": cfg.min_tool_examples, "passed": passed,
+        "expectations": results,
     }
     write_json(METRICS, summary)
     write_text(REPORT, report(summary))
     if not passed:
-        short = [f"{t} {a:.3f}" for t, a in summary["per_tool"].items()
-                 if t in summary["core_tools"] and a < cfg.min_rehearsal_accuracy]
-        raise StageFailed(f"rehearsal gate failed: tools below {cfg.min_rehearsal_accuracy}: {', '.join(short) or 'none'}"
+        short = [f"{t} ({v.removeprefix('failed: ')})" for t, v in summary["verdicts"].items() if v.startswith("failed")]
+        raise StageFailed(f"rehearsal gate failed: {', '.join(short) or 'no tool to gate'}"
                           f"\n{describe_failures(results)}")
     return {"metrics": METRICS, "report": REPORT}
 
@@ -62,13 +70,13 @@ def report(s: dict) -> str:
         f"# Rehearsal gate: {'PASSED' if s['passed'] else 'FAILED'}", "",
         f"Exact match on {s['calls']} held-out real responses: **{s['overall']:.3f}** with privileged facts, "
         f"{s['overall_without_privileged']:.3f} without (field-level {s['overall_field']:.3f} / "
-        f"{s['overall_field_without_privileged']:.3f}). Threshold per core tool: {s['threshold']}.", "",
-        "| tool | core | calls | exact (facts) | exact (no facts) | field (facts) |", "|---|---|---|---|---|---|",
+        f"{s['overall_field_without_privileged']:.3f}).",
+        f"Every tool the agent can call needs {s['min_tool_examples']} held-out calls and {s['threshold']} exact match.", "",
+        "| tool | verdict | calls | exact (facts) | exact (no facts) | field (facts) |", "|---|---|---|---|---|---|",
     ]
     for tool, d in s["per_tool_detail"].items():
-        ok = "" if tool not in s["core_tools"] else ("✅" if d["exact"] >= s["threshold"] else "❌")
-        lines.append(f"| {tool} | {ok} | {d['n']} | {d['exact']:.3f} | {s['per_tool_without_privileged'][tool]:.3f} | "
-                     f"{d['field']:.3f} |")
+        lines.append(f"| {tool} | {s['verdicts'][tool]} | {d['n']} | {d['exact']:.3f} | "
+                     f"{s['per_tool_without_privileged'][tool]:.3f} | {d['field']:.3f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -79,8 +79,7 @@ def run(params: Params) -> dict[str, Path]:
     no_real = unavailable(test_tasks)  # a logs-only domain: ACT's real success cannot be measured
 
     dataset = SFTDataset(train, policy.template, tokenizer, params.roles.privileged_dropout, cfg.seed,
-                         max_len=policy.max_len, max_repeat=cfg.rare_tool_repeat, relabel_rate=cfg.relabel_rate,
-                         probe_rate=cfg.probe_rate)
+                         max_len=policy.max_len, max_repeat=cfg.rare_tool_repeat, relabel_rate=cfg.relabel_rate)
     rng = random.Random(cfg.seed)
     trainer_box: list = []  # the Trainer, once made: ranks are known only inside fit
 

@@ -10,9 +10,7 @@ examples is `relabel`led each epoch (names renamed consistently): a tiny model o
 memorises which names are frequent instead of copying the ones in front of it. Renaming
 works on the rendered text, whole words at a time, before tokenization — so it is the same
 for our word-level tokenizer (a name is one token) and for a checkpoint's BPE (where `Alice`
-and ` Alice` are different tokens and a name may span several). Domains
-may offer read-only `probes`: calls made on the scenario's real backend during warmup, for
-a tool whose outputs the demonstrator's episodes hold too few of (`probe_rate`).
+and ` Alice` are different tokens and a name may span several).
 """
 
 from __future__ import annotations
@@ -121,27 +119,14 @@ def relabel(segments: list[Segment], classes: list[list[str]], rng: random.Rando
     return [Segment(WORDS.sub(rename, seg.text), seg.role) for seg in segments]
 
 
-def probe_calls(task: dict, rng: random.Random) -> list[tuple[dict, dict]]:
-    """(call, real response) for the domain's read-only probes of the task's scenario."""
-    probes = get_domain(task["domain"]).probes
-    if probes is None:
-        return []
-    backend, offered = get_domain(task["domain"]).real(task["scenario"]), [t["function"]["name"] for t in task["tools"]]
-    return [(c, backend.execute(c, offered)) for c in probes(task["scenario"], rng)]
-
-
-def episode_segments(episode: dict, template, rng: random.Random, privileged_dropout: float,
-                     probe_rate: float = 0.0) -> list[list[Segment]]:
-    """The rendered examples of one episode: its ACT conversation, its REHEARSE conversation
-    and, with probability `probe_rate`, a REHEARSE conversation of probes of its scenario."""
+def episode_segments(episode: dict, template, rng: random.Random, privileged_dropout: float) -> list[list[Segment]]:
+    """The rendered examples of one episode: its ACT conversation and its REHEARSE conversation."""
     task = episode["task"]
     out = [template.act(task["tools"], task["request"], episode["messages"], policy=task.get("policy", ""))]
-    facts = fact_source(task)
-    probed = probe_rate and rng.random() < probe_rate  # no draw when off: the same stream as without probes
-    for recorded in (recorded_calls(episode), probe_calls(task, rng) if probed else []):
-        if recorded:
-            steps = [(c, None if rng.random() < privileged_dropout else facts.facts(c), r) for c, r in recorded]
-            out.append(template.rehearse(task["tools"], task["request"], steps))
+    recorded, facts = recorded_calls(episode), fact_source(task)
+    if recorded:
+        steps = [(c, None if rng.random() < privileged_dropout else facts.facts(c), r) for c, r in recorded]
+        out.append(template.rehearse(task["tools"], task["request"], steps))
     return out
 
 
@@ -149,9 +134,8 @@ class SFTDataset(torch.utils.data.Dataset):
     """Examples for one epoch; call `resample(epoch)` to redraw the privileged dropout."""
 
     def __init__(self, episodes: list[dict], template, tokenizer, privileged_dropout: float, seed: int = 0,
-                 max_len: int = 1024, max_repeat: int = 1, relabel_rate: float = 0.0, probe_rate: float = 0.0):
+                 max_len: int = 1024, max_repeat: int = 1, relabel_rate: float = 0.0):
         self.episodes, self.template, self.tokenizer = episodes, template, tokenizer
-        self.probe_rate = probe_rate
         self.dropout, self.seed, self.max_len = privileged_dropout, seed, max_len
         self.repeats = repeats(episodes, max_repeat)
         self.relabel_rate = relabel_rate
@@ -166,7 +150,7 @@ class SFTDataset(torch.utils.data.Dataset):
         self.examples = []
         for ep, repeat in zip(self.episodes, self.repeats):
             for _ in range(repeat):  # each repeat draws its own privileged dropout
-                for segs in episode_segments(ep, self.template, rng, self.dropout, self.probe_rate):
+                for segs in episode_segments(ep, self.template, rng, self.dropout):
                     if rng.random() < self.relabel_rate:
                         segs = relabel(segs, self.classes, rng)
                     ids, roles = encode(self.tokenizer, segs)
