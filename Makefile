@@ -20,7 +20,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export PREFECT_LOGGING_LEVEL := WARNING
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: install run example serve serve-prefect serve-mlflow serve-worker test clean
+.PHONY: install run seeds example serve serve-prefect serve-mlflow serve-worker test clean
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,11 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 # `make run PROFILE=smollm2-cpu` first writes profiles/smollm2-cpu.yaml into params.yaml.
 run: install
 	$(PY) -m envace.cli run $(if $(PROFILE),--profile $(PROFILE))
+
+# Results across seeds: the pipeline to `evaluate` for seeds 0 1 2 as DVC experiments
+# (`dvc exp show` lists them) -> metrics/seeds.json, reports/seeds.md (README: Results).
+seeds: install
+	$(PY) -m envace.seeds
 
 # The worked example (README: Your own tools): a tool API of its own behind an MCP server, its
 # production logs, and the same pipeline in the project folder examples/gitforge.

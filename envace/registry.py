@@ -22,6 +22,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 CHAMPION, CHALLENGER = "champion", "challenger"
+REAL_CALLS = "real_env_calls_train"  # version tag: the promotion suite compares it
 
 
 def as_tasks(model_input) -> list[dict]:
@@ -106,6 +107,10 @@ class Registration:
     promoted: bool
     reason: str
     n_tasks: int
+    real_calls: int
+    """Real backend calls the challenger made in training."""
+    expectations: list[dict]
+    """The promotion suite's results (empty when there was no champion to compare with)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -141,30 +146,43 @@ def _requirements() -> list[str]:
 
 
 def register(model_dir: Path, success: float, tasks: list[dict], config: dict, model_name: str,
-             tags: dict[str, str]) -> Registration:
-    """New version of `model_name` (alias `challenger`); `champion` moves to it only if
-    `success` beats the current champion's success on the same `tasks`. `config` is the
-    agent's `model_config`: {"rollout", "trainer", "max_seq_len", "memory_episodes"}."""
+             tags: dict[str, str], real_calls: int) -> Registration:
+    """New version of `model_name` (alias `challenger`); `champion` moves to it only if the
+    promotion suite passes: `success` beats the current champion's on the same `tasks`, with no
+    more real calls in training (`real_calls`) than the champion made. `config` is the agent's
+    `model_config`: {"rollout", "trainer", "max_seq_len", "memory_episodes", "domains"}."""
+    from envace.gates import describe_failures, run_checks
+    from envace.gates.promotion import checks, comparison
+
     client = MlflowClient()
     run_id, model_uri = log_agent(model_dir, config, f"register-{model_name}", {"stage": "register"})
     try:
         client.get_registered_model(model_name)
     except MlflowException:
         client.create_registered_model(model_name, description="envace tool agent (ACT + REHEARSE, one model)")
-    version = mlflow.register_model(model_uri, model_name, tags=tags).version
+    version = mlflow.register_model(model_uri, model_name, tags=tags | {REAL_CALLS: str(real_calls)}).version
     client.set_registered_model_alias(model_name, CHALLENGER, version)
     champion = current_champion(client, model_name)
+    expectations: list[dict] = []
     if champion is None:
         champion_success, promoted, reason = None, True, "no champion yet"
     else:
         champion_success = success_of(f"models:/{model_name}@{CHAMPION}", tasks)
-        promoted = success > champion_success
-        verdict = "beats" if promoted else "does not beat"
+        known = champion.tags.get(REAL_CALLS)
+        table = comparison({"version": version, "success": success, "tasks": len(tasks), "real_calls": real_calls},
+                           {"version": champion.version, "success": champion_success, "tasks": len(tasks),
+                            "real_calls": int(known) if known and known.isdigit() else None})
+        expectations = run_checks({"promotion": table}, checks())
+        promoted = all(e["success"] for e in expectations)
+        verdict = "beats" if promoted else "does not replace"
         reason = f"challenger {success:.4f} {verdict} champion v{champion.version} {champion_success:.4f}"
+        if not promoted:
+            reason += "; failed: " + "; ".join(e["name"] for e in expectations if not e["success"])
+            print(describe_failures(expectations), flush=True)
     if promoted:
         client.set_registered_model_alias(model_name, CHAMPION, version)
     result = Registration(model_name, str(version), run_id, success, champion and str(champion.version),
-                          champion_success, promoted, reason, len(tasks))
+                          champion_success, promoted, reason, len(tasks), real_calls, expectations)
     for key, value in {"success": success, "champion_success": champion_success, "promoted": promoted,
                        "reason": reason}.items():
         client.set_model_version_tag(model_name, version, key, "" if value is None else str(value))

@@ -120,7 +120,12 @@ def _train_entry(warmed, tmp_path, variant):
                            "--variant", variant], cwd=warmed, capture_output=True, text=True)
 
 
-def test_train_envace_learns_from_rehearsals_only(warmed, tmp_path):
+def test_train_envace_runs_on_rehearsals_only_and_updates_the_warmup_model(warmed, tmp_path):
+    """The stage as DVC runs it: no real call in training, and the written model is the warmup
+    model moved by GRPO (that rewards move the weights is tests/test_grpo.py's; that it helps,
+    the evaluation's)."""
+    import torch
+
     from envace.model import load
 
     proc = _train_entry(warmed, tmp_path, "envace")
@@ -128,8 +133,11 @@ def test_train_envace_learns_from_rehearsals_only(warmed, tmp_path):
     m = json.loads((warmed / "metrics/train/envace.json").read_text())
     assert m["steps"] == 2 and m["real_env_calls_train"] == 0 and len(m["history"]) == 2
     assert {"reward", "success", "kl", "leak_rate", "adv_act_abs", "adv_rehearse_abs"} <= set(m["history"][0])
+    assert all(h["real_calls"] == 0 for h in m["history"])
     model, _ = load(warmed / "models/train/envace")
+    start, _ = load(warmed / "models/warmup")
     assert model.config.hidden_size == 32
+    assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), start.state_dict().values()))
 
 
 def test_train_sft_is_the_warmup_model_and_unknown_variants_are_refused(warmed, tmp_path):

@@ -75,7 +75,7 @@ def tokenizer(prepared_dir):
     return PreTrainedTokenizerFast.from_pretrained(prepared_dir / "data/prepared/tokenizer")
 
 
-def _module(tokenizer, variant, **overrides):
+def _module(tokenizer, variant, max_new_tokens=12, **overrides):
     from envace.domains import get_domain
     from envace.data.demonstrations import generate_tasks
     from envace.model import build_default
@@ -85,7 +85,7 @@ def _module(tokenizer, variant, **overrides):
     model = build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer)
     policy = Policy(model, tokenizer)
     cfg = TrainConfig(**{"tasks_per_step": 2, "group_size": 2, **overrides})
-    rollout = RolloutConfig(max_turns=2, max_calls_per_turn=2, max_new_tokens=12, batch_size=8)
+    rollout = RolloutConfig(max_turns=2, max_calls_per_turn=2, max_new_tokens=max_new_tokens, batch_size=8)
     leak = leak_words(['{"balance":120}'], ['[{"name":"get_balance","arguments":{"account_id":"A12"}}]'])
     simulator = Policy(build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                                                  seed=1), tokenizer), tokenizer)
@@ -101,16 +101,42 @@ def _train(module, steps=2):
 
 
 @pytest.mark.parametrize("variant, real", [("envace", False), ("simulator", False), ("real_env", True)])
-def test_a_training_step_per_variant(tokenizer, variant, real):
-    module = _module(tokenizer, variant, kl_coef=0.1)
-    before = [p.detach().clone() for p in module.model.parameters()]
-    _train(module)
-    assert [h["step"] for h in module.history] == [0, 1]
-    assert set(module.history[0]) >= {"reward", "success", "adv_act_abs", "adv_rehearse_abs", "kl", "leak_rate",
+def test_a_training_step_per_variant_moves_the_weights_by_its_rewards(tokenizer, variant, real, monkeypatch):
+    """Two runs from the same weights and seed, the persona-leak loss off, differing only in the
+    rewards: equal rewards give zero advantages, rewards that differ within each group give a
+    policy gradient — so the two runs end with different weights (weight decay alone would move
+    both alike). ACT's first turn is scripted to call a tool (an untrained model never does), so
+    the real-environment variant must call the backends; the others never do."""
+    import envace.train.grpo as grpo
+
+    def trained(rewards: list[float]):
+        monkeypatch.setattr(grpo, "rewards_of", lambda episodes, weight: torch.tensor(rewards[: len(episodes)]))
+        module = _module(tokenizer, variant, max_new_tokens=24, kl_coef=0.1, leak_coef=0.0)
+        _call_first(module.policy)
+        _train(module, steps=1)
+        return module
+
+    flat, varied = trained([0.0] * 4), trained([0.0, 1.0, 1.0, 0.0])  # each task's 2 episodes differ, either order
+    assert set(varied.history[0]) >= {"reward", "success", "adv_act_abs", "adv_rehearse_abs", "kl", "leak_rate",
                                       "real_calls", "tokens_per_s"}
-    assert any(not torch.equal(a, b) for a, b in zip(before, module.model.parameters()))
-    if not real:
-        assert module.real_calls == 0  # the RL loop never touches the environment
+    assert flat.history[0]["adv_act_abs"] == 0 and varied.history[0]["adv_act_abs"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(flat.model.parameters(), varied.model.parameters()))
+    if real:
+        assert varied.real_calls > 0 and varied.history[0]["real_calls"] > 0
+    else:
+        assert varied.real_calls == 0  # the RL loop never touches the environment
+
+
+def _call_first(policy) -> None:
+    """Generations that open with a tool call and answer once a response is in the prompt."""
+    call = '[{"name":"find_account","arguments":{"owner":"Alice"}}]<|end|>'
+    answer = '{"answer":"done"}<|end|>'
+
+    def generate(prompts, max_new_tokens, temperature, top_p, streams=None):
+        texts = [answer if "<|tool|>" in policy.decode(p) else call for p in prompts]
+        return [policy.tokenizer.encode(t, add_special_tokens=False)[:max_new_tokens] for t in texts]
+
+    policy.generate = generate
 
 
 def test_envace_rehearsals_are_trained_and_simulator_outputs_are_not(tokenizer):

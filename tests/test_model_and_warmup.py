@@ -104,8 +104,14 @@ def test_any_local_hf_checkpoint_loads_and_runs_episodes(tmp_path, prepared_dir)
     policy = Policy(model.eval(), loaded_tok)
     assert isinstance(policy.template, ChatTemplate) and policy.stop_id == loaded_tok.convert_tokens_to_ids("<|im_end|>")
     cfg = RolloutConfig(max_turns=2, max_new_tokens=8, batch_size=4)
-    episodes = EpisodeRunner(policy, ModelResponder(policy, cfg, "rehearsed", 1.0), cfg, temperature=1.0).run(generate_tasks(get_domain("bank"), 4, 0))
-    assert all(e.done for e in episodes)
+    tasks = generate_tasks(get_domain("bank"), 4, 0)
+    episodes = EpisodeRunner(policy, ModelResponder(policy, cfg, "rehearsed", 1.0), cfg, temperature=1.0).run(tasks)
+    for task, e in zip(tasks, episodes):  # ACT was prompted through the checkpoint's own chat template
+        first = e.generations[0]
+        prompt = loaded_tok.decode(first.prompt_ids)
+        assert first.role == "act" and prompt.startswith("<|im_start|>system")
+        assert task.request.replace(" ", "") in prompt.replace(" ", "")  # this tokenizer decodes without spaces
+        assert 0 < len(first.output_ids) <= cfg.max_new_tokens
 
 
 def test_loading_a_directory_that_is_not_a_checkpoint_is_a_clear_error(tmp_path, model, tokenizer):

@@ -8,9 +8,14 @@ from envace.config import Params, ParamsError, load_params, parse_params
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_shipped_params_load():
+def test_shipped_params_load_and_equal_the_config_defaults():
+    """params.yaml is the documented default: the Python defaults must not drift from it."""
     params = load_params(ROOT / "params.yaml")
     assert params.collect.tasks_per_domain > 0
+    defaults = Params().model_dump()
+    for section, values in params.model_dump().items():
+        for key, value in values.items():
+            assert defaults[section][key] == value, f"{section}.{key}: params.yaml {value!r} != config.py {defaults[section][key]!r}"
 
 
 def test_unknown_key_is_an_error_naming_the_key():

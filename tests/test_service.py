@@ -215,17 +215,39 @@ def test_challenger_becomes_champion_only_when_better(tmp_path, prepared_dir, mo
     tasks = [e["task"] for e in read_jsonl(prepared_dir / "data/prepared/test.jsonl")][:4]
     rollout = {"rollout": {"max_turns": 2, "max_new_tokens": 16}}
 
-    first = register(model_dir, 0.0, tasks, rollout, "agent", {"data_version": "d1"})
-    assert first.promoted and first.reason == "no champion yet"
+    first = register(model_dir, 0.0, tasks, rollout, "agent", {"data_version": "d1"}, 0)
+    assert first.promoted and first.reason == "no champion yet" and first.expectations == []
     # the champion is re-evaluated on the same tasks (an untrained model: 0 of 4)
-    worse = register(model_dir, 0.0, tasks, rollout, "agent", {"data_version": "d2"})
+    worse = register(model_dir, 0.0, tasks, rollout, "agent", {"data_version": "d2"}, 0)
     assert not worse.promoted and worse.champion_success == 0.0 and worse.champion_version == "1"
+    assert [e["success"] for e in worse.expectations] == [False, True, True]  # not better; same tasks; no more calls
     client = MlflowClient()
     assert str(client.get_model_version_by_alias("agent", "champion").version) == "1"
     assert str(client.get_model_version_by_alias("agent", "challenger").version) == "2"
-    better = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d3"})
-    assert better.promoted and str(client.get_model_version_by_alias("agent", "champion").version) == "3"
-    assert client.get_model_version("agent", "3").tags["data_version"] == "d3"
+    # better, but trained with real calls the champion did without: the suite holds it back
+    costly = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d3"}, 120)
+    assert not costly.promoted and "no more real calls in training" in costly.reason
+    assert [e["success"] for e in costly.expectations] == [True, True, False]
+    better = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d4"}, 0)
+    assert better.promoted and str(client.get_model_version_by_alias("agent", "champion").version) == "4"
+    assert client.get_model_version("agent", "4").tags["data_version"] == "d4"
+    assert client.get_model_version("agent", "4").tags["real_env_calls_train"] == "0"
+
+
+def test_a_champion_with_unknown_training_calls_is_not_replaced_blindly():
+    """A version registered without the real-calls tag (an older envace): the promotion
+    suite's missing value fails the check rather than skipping it; so do unequal task counts."""
+    from envace.gates import run_checks
+    from envace.gates.promotion import checks, comparison
+
+    table = comparison({"version": "2", "success": 0.9, "tasks": 10, "real_calls": 0},
+                       {"version": "1", "success": 0.1, "tasks": 10, "real_calls": None})
+    results = run_checks({"promotion": table}, checks())
+    assert [r["success"] for r in results] == [True, True, False]
+    assert table.loc[0, "challenger_ci_low"] > table.loc[0, "champion_ci_high"]  # the intervals travel with it
+    different = comparison({"version": "2", "success": 0.9, "tasks": 10, "real_calls": 0},
+                           {"version": "1", "success": 0.1, "tasks": 12, "real_calls": 0})
+    assert [r["success"] for r in run_checks({"promotion": different}, checks())] == [True, False, True]
 
 
 def test_the_registered_agent_decodes_greedily_as_evaluate_does(tmp_path, prepared_dir, monkeypatch):

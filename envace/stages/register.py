@@ -2,8 +2,9 @@
 
 Logs `models/train/<registry.variant>` as an MLflow pyfunc model (`envace.registry.EnvaceAgent`),
 registers it as a new version of `registry.model_name` with alias `challenger`, and moves
-`champion` to it only if its held-out success in the real backends (from `evaluate`) beats
-the current champion's on the same test tasks. The version's tags carry the data version
+`champion` to it only if the promotion suite (Great Expectations, `envace.gates.promotion`)
+passes: its held-out success in the real backends (from `evaluate`) beats the current
+champion's on the same test tasks, and it made no more real calls in training. The version's tags carry the data version
 (the md5 of `data/prepared` in dvc.lock), the git commit and the params.
 
 Writes `metrics/register.json` and `reports/register.md` (the comparison; the flow also
@@ -51,7 +52,8 @@ def run(params: Params) -> dict[str, Path]:
     config = {"rollout": params.rollout.model_dump(), "trainer": params.trainer.model_dump(),
               "max_seq_len": params.model.max_seq_len, "memory_episodes": params.roles.memory_episodes,
               "domains": [str(Path(d).resolve()) if Path(d).is_dir() else d for d in params.collect.domains]}
-    result = registry.register(model_dir, evaluated["success"], tasks, config, cfg.model_name, version_tags(params))
+    result = registry.register(model_dir, evaluated["success"], tasks, config, cfg.model_name, version_tags(params),
+                               evaluated["real_env_calls_train"])
     write_json(METRICS, result.to_dict())
     write_text(REPORT, report(result))
     print(f"register: {cfg.model_name} v{result.version} is challenger; "
@@ -87,15 +89,21 @@ def git_commit() -> str:
 def report(r) -> str:
     champion = "none" if r.champion_version is None else f"v{r.champion_version}: {r.champion_success:.4f}"
     verdict = f"**promoted**: v{r.version} is now `champion`" if r.promoted else "**not promoted**: champion unchanged"
-    return "\n".join([
+    lines = [
         f"# register: {r.model_name} v{r.version} {'promoted' if r.promoted else 'kept as challenger'}", "",
         f"Held-out success in the real backends on the same {r.n_tasks} test tasks:", "",
         "| model | success |", "|---|---|",
         f"| challenger v{r.version} | {r.challenger_success:.4f} |",
         f"| champion before | {champion} |", "",
         f"{verdict} ({r.reason}).", "",
-        f"Load: `mlflow.pyfunc.load_model(\"models:/{r.model_name}@champion\")`; MLflow run `{r.run_id}`.", "",
-    ])
+    ]
+    if r.expectations:
+        lines += ["Promotion suite (Great Expectations):", "", "| check | result | observed |", "|---|---|---|"]
+        lines += [f"| {e['name']} | {'passed' if e['success'] else 'failed'} | "
+                  f"{e['unexpected_count']} bad row(s) |" for e in r.expectations]
+        lines.append("")
+    lines += [f"Load: `mlflow.pyfunc.load_model(\"models:/{r.model_name}@champion\")`; MLflow run `{r.run_id}`.", ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+"""Results across seeds: the summary's arithmetic, and the real thing as DVC experiments."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_PARAMS, make_project
+
+
+def _eval(success: dict[str, float], n: int = 100) -> dict:
+    return {"variants": {v: {"success": s, "n": n} for v, s in success.items()}}
+
+
+def test_the_summary_pools_every_seed_and_names_the_failed_ones():
+    from envace.evaluate import wilson
+    from envace.seeds import report, summarise
+
+    results = {0: _eval({"envace": 0.70, "sft": 0.50}), 1: _eval({"envace": 0.60, "sft": 0.55}),
+               2: _eval({"envace": 0.65, "sft": 0.40})}
+    s = summarise(results, {3: "experiment seed-3 did not finish"})
+    env = s["variants"]["envace"]
+    assert env["seeds"] == [0.70, 0.60, 0.65] and env["min"] == 0.60 and env["max"] == 0.70
+    assert env["mean"] == pytest.approx(0.65) and env["n"] == 300
+    assert (env["ci_low"], env["ci_high"]) == wilson(195, 300)  # pooled: 70 + 60 + 65 of 300
+    assert s["seeds"] == [0, 1, 2] and s["tasks"] == 100 and s["failed"] == {"3": "experiment seed-3 did not finish"}
+    text = report(s)
+    assert text.index("| envace |") < text.index("| sft |")  # best first
+    assert "**seed 3 failed**" in text
+
+
+@pytest.mark.slow
+def test_make_seeds_runs_one_dvc_experiment_per_seed(tmp_path):
+    """Two seeds of the tiny profile as real DVC experiments (a git repository), each to
+    `evaluate`; the report reads each experiment's own metrics."""
+    project = make_project(tmp_path / "proj", dvc=False)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    git = lambda *a: subprocess.run(["git", *a], cwd=project, check=True, capture_output=True, env=env)  # noqa: E731
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=project, check=True, env=env)
+    (project / ".gitignore").write_text("/.mlflow\n/.prefect\n__pycache__/\n")
+    git("add", "-A")
+    git("commit", "-qm", "tiny project")
+    out = subprocess.run([sys.executable, "-m", "envace.seeds", "--seeds", "0", "1"], cwd=project, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    s = json.loads((project / "metrics/seeds.json").read_text())
+    assert s["seeds"] == [0, 1] and s["failed"] == {}
+    assert set(s["variants"]) == {"sft", "envace", "real_env", "simulator"}
+    assert all(len(v["seeds"]) == 2 for v in s["variants"].values())
+    shown = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], cwd=project, env=env,
+                           capture_output=True, text=True)
+    assert "seed-0" in shown.stdout and "seed-1" in shown.stdout
+    assert "# Results across seeds (0, 1)" in (project / "reports/seeds.md").read_text()
