@@ -249,7 +249,7 @@ class GateConfig(Section):
     episodes: int = Field(0, ge=0)
     """Held-out test episodes the gate measures on, an even spread (0 = all of them)."""
     min_rehearsal_accuracy: float = Field(0.8, ge=0)
-    """Every core tool's rehearsal exact match must reach this (above 1 blocks everything)."""
+    """Every tool's rehearsal exact match must reach this (above 1 blocks everything)."""
     min_tool_examples: int = Field(20, ge=0)
     """Every tool the agent can call needs at least this many held-out calls; fewer fails the gate."""
     exempt_tools: list[str] = []

@@ -174,7 +174,7 @@ def test_rehearsal_gate_above_one_stops_the_flow_naming_the_tools(tmp_path, pref
     params = json.loads(json.dumps(TINY_PARAMS))
     params["gate"]["min_rehearsal_accuracy"] = 1.01
     project = make_project(tmp_path / "proj", params)
-    with pytest.raises(StageError, match=r"(?s)stage 'rehearsal_gate' failed.*tools below 1.01: \w+ \d\.\d{3}"):
+    with pytest.raises(StageError, match=r"(?s)stage 'rehearsal_gate' failed.*rehearsal gate failed: .*\w+ \(\d\.\d{3} < 1.01\)"):
         envace_flow(project_dir=str(project))
     assert _artifact("rehearsal-gate").data.startswith("# Rehearsal gate: FAILED")
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]

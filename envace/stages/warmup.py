@@ -3,8 +3,9 @@
 Trains up to `warmup.max_epochs`; after each epoch it measures rehearsal exact match
 (privileged facts shown) on an even spread of the validation split (`warmup.check_episodes`,
 cheap: that is the curve), and from `warmup.min_epochs` on, when the spread passes, on the
-validation split (`gate.episodes` of it; 0: all): it stops once every core tool reaches
-`gate.min_rehearsal_accuracy` there. Before training and after it, what the roles can do is
+validation split (`gate.episodes` of it; 0: all): it stops once every tool with
+`gate.min_tool_examples` calls there reaches `gate.min_rehearsal_accuracy` (an early stop
+only: the rehearsal_gate stage then holds every tool to the bar on the test split). Before training and after it, what the roles can do is
 measured (parse rates, rehearsal exact per tool, ACT's greedy success in the real backends).
 
 Starts from `models/base` (stage `base_model`); with `model.lora.rank` > 0 only LoRA
