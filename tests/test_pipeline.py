@@ -224,3 +224,37 @@ def test_stage_entry_point_reports_bad_params_without_traceback(tmp_path):
     out = subprocess.run([sys.executable, "-m", "envace.stages.prepare"], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 1
     assert "prepare.val_fraction" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_run_killed_between_stages_resumes_at_the_next_stage(tmp_path):
+    """`envace run` (Prefect flow, DVC stages, its own Prefect server) kill -9'd as a stage is
+    pinned in dvc.lock: the rerun finds every pinned stage up to date, keeps its outputs byte
+    for byte, and runs only the rest."""
+    import hashlib
+    import signal
+    import time
+
+    project = make_project(tmp_path / "proj")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PREFECT_HOME": str(project / ".prefect")}
+    env.pop("PREFECT_API_URL", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    run = [sys.executable, "-m", "envace.cli", "run", "--project-dir", str(project), "--until", "base_model"]
+    lock = project / "dvc.lock"
+    pinned = lambda: set((yaml.safe_load(lock.read_text()) or {}).get("stages", {})) if lock.exists() else set()  # noqa: E731
+    proc = subprocess.Popen(run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    while "prepare" not in pinned() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = pinned()
+    assert "prepare" in before and "base_model" not in before, f"killed too late or too early: {before}"
+    digest = lambda: {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in (project / "data/prepared").glob("*.jsonl")}  # noqa: E731
+    kept = digest()
+    out = subprocess.run(run, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    status = dict(re.findall(r"^(\w+)\s+(ran|up to date)\s+[\d.]+$", out.stdout, re.M))
+    assert all(status[s] == "up to date" for s in before), status
+    assert status["base_model"] == "ran" and digest() == kept
+    assert pinned() == {"collect", "prepare", "validate_data", "base_model"}
