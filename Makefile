@@ -17,7 +17,8 @@ export TOKENIZERS_PARALLELISM := false
 export PREFECT_HOME := $(ROOT)/.prefect
 export DVC_SITE_CACHE_DIR := $(ROOT)/.dvc-site-cache
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
-export PREFECT_LOGGING_LEVEL := WARNING
+export PREFECT_LOGGING_LEVEL := INFO
+export PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL := WARNING
 export PATH := $(VENV)/bin:$(PATH)
 
 .PHONY: install run seeds example serve serve-prefect serve-mlflow serve-worker test clean

@@ -23,6 +23,9 @@ def defaults(root: Path) -> dict[str, str]:
         "PREFECT_HOME": str(root / ".prefect"),
         "DVC_SITE_CACHE_DIR": str(root / ".dvc-site-cache"),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+        # stage lines reach the Prefect server (INFO) while the terminal shows warnings only
+        "PREFECT_LOGGING_LEVEL": "INFO",
+        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
         "GIT_PYTHON_REFRESH": "quiet",
     }
 

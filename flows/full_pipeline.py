@@ -58,8 +58,16 @@ def pipeline_stages(root: Path) -> dict[str, dict]:
 
 @task(name="dvc-repro", task_run_name="{stage}", log_prints=False)  # stage lines: terminal + logger
 def reproduce(stage: str, root: Path, mlflow_run_id: str) -> dict:
-    """`dvc repro <stage>`; returns whether it ran (vs. up to date) and how long it took."""
+    """`dvc repro <stage>`; returns whether it ran (vs. up to date) and how long it took. A
+    gate's or a result's report becomes a markdown artifact of this task run, failed or not."""
     logger = get_run_logger()
+    try:
+        return _reproduce(stage, root, mlflow_run_id, logger)
+    finally:
+        _publish_report(stage, root)
+
+
+def _reproduce(stage: str, root: Path, mlflow_run_id: str, logger) -> dict:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # stage cmds use this python
     env["ENVACE_MLFLOW_RUN_ID"] = mlflow_run_id  # stages log curves into their nested run
@@ -107,18 +115,38 @@ def _stage_metrics(spec: dict, root: Path) -> dict:
     return out
 
 
+def _publish_report(stage: str, root: Path) -> None:
+    """A gate's report (always: a missing one says so) or a result's report (when written) as
+    a Prefect markdown artifact of the running task."""
+    name = stage.split("@")[0]
+    if name in GATES:
+        key, report = GATES[name]
+        path = root / report
+        body = path.read_text() if path.exists() else f"# {stage}\n\nNo report was written."
+        create_markdown_artifact(body, key=key, description=f"{stage} gate result")
+    elif name in REPORTS and (root / REPORTS[name][1]).exists():
+        key, report = REPORTS[name]
+        create_markdown_artifact((root / report).read_text(), key=key, description=f"{stage} results")
+
+
 def _record_gate(stage: str, root: Path, summary: dict) -> None:
-    """Publish a gate's report as a Prefect markdown artifact and note its verdict."""
-    if stage not in GATES:
-        return
-    key, report = GATES[stage]
-    path = root / report
-    body = path.read_text() if path.exists() else f"# {stage}\n\nNo report was written."
-    create_markdown_artifact(body, key=key, description=f"{stage} gate result")
-    summary["gates"][stage] = body.splitlines()[0].lstrip("# ")
+    """Note a gate's verdict (the first line of its report) in the run summary."""
+    if stage in GATES:
+        path = root / GATES[stage][1]
+        summary["gates"][stage] = path.read_text().splitlines()[0].lstrip("# ") if path.exists() else "no report"
 
 
-@flow(name="envace", log_prints=True)
+def flow_run_name() -> str:
+    """`envace-<UTC date and time>-<short git sha of the project>`: readable in the Prefect UI."""
+    from prefect.runtime import flow_run
+
+    root = Path(flow_run.parameters.get("project_dir", ".")).resolve()
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"envace-{stamp}-{sha.stdout.strip() if sha.returncode == 0 else 'nogit'}"
+
+
+@flow(name="envace", flow_run_name=flow_run_name, log_prints=True)
 def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
     """Run the stages of the pipeline through DVC, all of them or up to `until` (a stage
     name; a `foreach` stage's name covers all its items); returns a summary per stage."""
@@ -135,10 +163,11 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
             raise StageError(f"unknown stage {until!r} to run until; stages: {', '.join(dict.fromkeys(names))}")
         last = len(names) - names[::-1].index(until)
         stages = dict(list(stages.items())[:last])
-    started = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     summary: dict = {"stages": {}, "gates": {}}
-    with tracking.pipeline_run(root, f"pipeline-{started}", {"project_dir": str(root)}) as parent:
+    prefect_run = _prefect_run()
+    with tracking.pipeline_run(root, prefect_run["name"], {"project_dir": str(root), **prefect_run["tags"]}) as parent:
         summary["mlflow_run_id"] = parent.info.run_id
+        _link_mlflow_run(root, parent)
         for stage, spec in stages.items():
             with tracking.stage_run(parent, stage) as run:
                 params = _stage_params(spec, params_raw)
@@ -155,9 +184,6 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
                 tracking.log_to_run(params, metrics, {"status": "ok", **hashes},
                                     [root / GATES[stage][1]] if stage in GATES else [])
             _record_gate(stage, root, summary)
-            if stage in REPORTS and (root / REPORTS[stage][1]).exists():
-                key, report = REPORTS[stage]
-                create_markdown_artifact((root / report).read_text(), key=key, description=f"{stage} results")
             summary["stages"][stage] = result
             logger.info("%s: %s in %.1fs", stage, "ran" if result["ran"] else "up to date", result["seconds"])
     if until is None:
@@ -165,6 +191,25 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
     summary["model"] = _registered(root)
     create_markdown_artifact(_summary_markdown(summary), key="pipeline-summary", description="envace pipeline run")
     return summary
+
+
+def _prefect_run() -> dict:
+    """This flow run's name, and tags that point back to it from MLflow (id and UI address)."""
+    from prefect.runtime import flow_run
+
+    tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": flow_run.name}
+    if flow_run.ui_url:
+        tags["prefect.flow_run_url"] = flow_run.ui_url
+    return {"name": flow_run.name or "envace", "tags": tags}
+
+
+def _link_mlflow_run(root: Path, run) -> None:
+    """A Prefect link artifact to the MLflow parent run (its address in `make serve`'s MLflow UI)."""
+    from prefect.artifacts import create_link_artifact
+
+    url = f"{tracking.ui_address()}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    create_link_artifact(url, link_text=f"MLflow run {run.info.run_name}", key="mlflow-run",
+                         description=f"the pipeline's MLflow parent run {run.info.run_id} (store {tracking.tracking_uri(root)})")
 
 
 @task(name="dvc-push")

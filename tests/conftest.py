@@ -18,7 +18,6 @@ os.environ.setdefault("PREFECT_HOME", str(ROOT / ".prefect-test"))
 from envace import env  # noqa: E402
 
 env.configure(ROOT)
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 # A tiny profile: the whole data pipeline in seconds.
 TINY_PARAMS = {

@@ -122,6 +122,7 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
     assert registered["version"] == "1" and registered["promoted"] and registered["reason"] == "no champion yet"
     assert _artifact("registry").data.startswith("# register: envace-agent v1 promoted")
     assert "Retrained:" in _artifact("pipeline-summary").data
+    _check_prefect_views(parents[0], children)
 
     # nothing changed: everything is up to date, and `dvc repro` agrees
     again = envace_flow(project_dir=str(project))
@@ -150,6 +151,26 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
                    if edited in import_closure(re.search(r"python -m (\S+)", spec["cmd"]).group(1))}
         assert stale == runs_it, edited
     assert runs_it and "collect" not in runs_it and "evaluate" in runs_it
+
+
+def _check_prefect_views(parent, children) -> None:
+    """The flow run has a readable name and links to its MLflow parent run and back; each task
+    run carries its stage's log lines and the artifacts it made."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
+
+    flow_run_id = parent.data.tags["prefect.flow_run_id"]
+    with get_client(sync_client=True) as client:
+        (flow_run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        assert re.fullmatch(r"envace-\d{8}-\d{6}-\w+", flow_run.name) and parent.data.tags["mlflow.runName"] == flow_run.name
+        gate = _artifact("data-gate")
+        assert gate.task_run_id is not None and gate.flow_run_id == flow_run.id
+        assert _artifact("evaluation").task_run_id is not None
+        logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[gate.task_run_id])))
+        assert any("validate_data | " in log.message for log in logs)
+    link = _artifact("mlflow-run")
+    assert parent.info.run_id in link.data and link.flow_run_id == flow_run.id
+    assert set(children) and all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children.values())
 
 
 def test_failing_gate_stops_the_flow_and_reports(tmp_path, prefect_api, monkeypatch):
