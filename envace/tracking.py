@@ -27,11 +27,6 @@ def tracking_uri(root: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or local_store(root)
 
 
-def ui_address() -> str:
-    """Where the MLflow UI answers: `make serve`'s server on 127.0.0.1 (MLFLOW_PORT, 5000)."""
-    return f"http://127.0.0.1:{os.environ.get('MLFLOW_PORT', '5000')}"
-
-
 def artifact_location(root: Path) -> str:
     return (Path(root).resolve() / ".mlflow" / "artifacts").as_uri()
 

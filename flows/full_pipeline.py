@@ -207,7 +207,8 @@ def _link_mlflow_run(root: Path, run) -> None:
     """A Prefect link artifact to the MLflow parent run (its address in `make serve`'s MLflow UI)."""
     from prefect.artifacts import create_link_artifact
 
-    url = f"{tracking.ui_address()}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    mlflow_ui = f"http://127.0.0.1:{os.environ.get('MLFLOW_PORT', '5000')}"  # `make serve`'s MLflow server
+    url = f"{mlflow_ui}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
     create_link_artifact(url, link_text=f"MLflow run {run.info.run_name}", key="mlflow-run",
                          description=f"the pipeline's MLflow parent run {run.info.run_id} (store {tracking.tracking_uri(root)})")
 
