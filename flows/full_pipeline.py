@@ -57,10 +57,15 @@ def pipeline_stages(root: Path) -> dict[str, dict]:
 
 
 @task(name="dvc-repro", task_run_name="{stage}", log_prints=False)  # stage lines: terminal + logger
-def reproduce(stage: str, root: Path, mlflow_run_id: str) -> dict:
+def reproduce(stage: str, root: Path, mlflow_run_id: str, up_to_date: bool = False) -> dict:
     """`dvc repro <stage>`; returns whether it ran (vs. up to date) and how long it took. A
-    gate's or a result's report becomes a markdown artifact of this task run, failed or not."""
+    gate's or a result's report becomes a markdown artifact of this task run, failed or not.
+    `up_to_date`: `dvc status` already said so (and nothing ran since): no `dvc repro` to start."""
     logger = get_run_logger()
+    if up_to_date:
+        logger.info("%s | up to date (dvc status)", stage)
+        _publish_report(stage, root)
+        return {"stage": stage, "ran": False, "seconds": 0.0}
     try:
         return _reproduce(stage, root, mlflow_run_id, logger)
     finally:
@@ -88,6 +93,16 @@ def _reproduce(stage: str, root: Path, mlflow_run_id: str, logger) -> dict:
         raise StageError(f"stage {stage!r} failed (dvc repro exit {proc.returncode}):\n{tail}")
     ran = any(f"Running stage '{stage}'" in line for line in lines)
     return {"stage": stage, "ran": ran, "seconds": round(seconds, 2)}
+
+
+def stale_stages(root: Path) -> set[str] | None:
+    """The stages `dvc status` finds changed — one DVC start for the whole graph instead of one
+    per stage; None when it cannot tell (then every stage goes through `dvc repro`)."""
+    out = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=root, capture_output=True, text=True)
+    try:
+        return set(json.loads(out.stdout or "{}")) if out.returncode == 0 else None
+    except json.JSONDecodeError:
+        return None
 
 
 def _read_lock(root: Path) -> dict:
@@ -168,11 +183,14 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
     with tracking.pipeline_run(root, prefect_run["name"], {"project_dir": str(root), **prefect_run["tags"]}) as parent:
         summary["mlflow_run_id"] = parent.info.run_id
         _link_mlflow_run(root, parent)
+        stale = stale_stages(root)
         for stage, spec in stages.items():
+            # until a stage runs, nothing has changed since `dvc status` looked
+            known_fresh = stale is not None and stage not in stale and not any(r["ran"] for r in summary["stages"].values())
             with tracking.stage_run(parent, stage) as run:
                 params = _stage_params(spec, params_raw)
                 try:
-                    result = reproduce(stage, root, run.info.run_id)
+                    result = reproduce(stage, root, run.info.run_id, known_fresh)
                 except StageError:
                     _record_gate(stage, root, summary)
                     tracking.log_to_run(params, _stage_metrics(spec, root), {"status": "failed"})
