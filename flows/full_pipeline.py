@@ -100,9 +100,14 @@ def stale_stages(root: Path) -> set[str] | None:
     per stage; None when it cannot tell (then every stage goes through `dvc repro`)."""
     out = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=root, capture_output=True, text=True)
     try:
-        return set(json.loads(out.stdout or "{}")) if out.returncode == 0 else None
+        changed = json.loads(out.stdout or "{}") if out.returncode == 0 else None
     except json.JSONDecodeError:
         return None
+    if changed is None:
+        return None
+    # this folder's dvc.yaml names its stages bare; other dvc.yaml files of the repository
+    # (a project inside it, or the repository's around a project) come as "path/dvc.yaml:stage"
+    return {key for key in changed if ":" not in key}
 
 
 def _read_lock(root: Path) -> dict:
