@@ -207,13 +207,41 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
                 tracking.log_to_run(params, metrics, {"status": "ok", **hashes},
                                     [root / GATES[stage][1]] if stage in GATES else [])
             _record_gate(stage, root, summary)
-            summary["stages"][stage] = result
+            summary["stages"][stage] = result | {"mlflow_run_id": run.info.run_id}
             logger.info("%s: %s in %.1fs", stage, "ran" if result["ran"] else "up to date", result["seconds"])
+        _summarise_in_parent(root, parent, summary)
     if until is None:
         summary["pushed"] = push(root)
     summary["model"] = _registered(root)
     create_markdown_artifact(_summary_markdown(summary), key="pipeline-summary", description="envace pipeline run")
     return summary
+
+
+def _summarise_in_parent(root: Path, parent, summary: dict) -> None:
+    """The parent run shows the pipeline at a glance: data version, gate verdicts, each
+    variant's success (runs table columns), and `stages.md` linking every stage's run."""
+    import mlflow
+
+    from envace.stages.register import data_version
+
+    metrics = {}
+    for stage, name in (("validate_data", "data_gate_passed"), ("rehearsal_gate", "rehearsal_gate_passed")):
+        if stage in summary["gates"]:
+            metrics[name] = float(summary["gates"][stage].endswith("PASSED"))
+    rehearsal, evaluation = root / "metrics/rehearsal.json", root / "metrics/eval.json"
+    if "rehearsal_gate" in summary["stages"] and rehearsal.exists():
+        metrics["rehearsal_exact"] = json.loads(rehearsal.read_text())["overall"]
+    if "evaluate" in summary["stages"] and evaluation.exists():
+        for variant, v in json.loads(evaluation.read_text()).get("variants", {}).items():
+            metrics[f"success_{variant}"] = v["success"]
+    rows = [f"| {stage} | {'ran' if r['ran'] else 'up to date'} | {r['seconds']:.1f} | "
+            f"[{r['mlflow_run_id']}](#/experiments/{parent.info.experiment_id}/runs/{r['mlflow_run_id']}) |"
+            for stage, r in summary["stages"].items()]
+    table = "\n".join(["| stage | status | seconds | MLflow run |", "|---|---|---|---|", *rows])
+    mlflow.log_metrics(metrics)
+    mlflow.set_tags({"data_version": data_version(root / "dvc.lock"),
+                     **{f"gate.{stage}": verdict for stage, verdict in summary["gates"].items()}})
+    mlflow.log_text(f"# Stages of {parent.info.run_name}\n\n{table}\n", "stages.md")
 
 
 def _prefect_run() -> dict:

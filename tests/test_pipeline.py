@@ -123,6 +123,13 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
     assert _artifact("registry").data.startswith("# register: envace-agent v1 promoted")
     assert "Retrained:" in _artifact("pipeline-summary").data
     _check_prefect_views(parents[0], children)
+    # the parent run is the pipeline at a glance: gates, each variant's success, data version, stage links
+    head = parents[0].data
+    assert head.metrics["data_gate_passed"] == 1.0 and head.metrics["rehearsal_gate_passed"] == 1.0
+    assert {f"success_{v}" for v in evaluated} <= set(head.metrics)
+    assert head.metrics["success_envace"] == evaluated["envace"]["success"] and len(head.tags["data_version"]) == 32
+    stages_md = mlflow.MlflowClient().download_artifacts(parents[0].info.run_id, "stages.md")
+    assert all(c.info.run_id in Path(stages_md).read_text() for c in children.values())
 
     # nothing changed: everything is up to date, and `dvc repro` agrees
     again = envace_flow(project_dir=str(project))
