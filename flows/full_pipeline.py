@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -84,8 +85,9 @@ def _reproduce(stage: str, root: Path, mlflow_run_id: str, logger) -> dict:
     for line in proc.stdout:  # streamed: a long stage (warmup) shows its epochs as they end
         lines.append(line.rstrip())
         if lines[-1].strip() and "%|" not in line:  # progress-bar frames stay out of the log
-            logger.info("%s | %s", stage, lines[-1])  # the Prefect UI
-            print(f"{stage} | {lines[-1]}", flush=True)  # the terminal (make run logs Prefect at WARNING)
+            logger.info("%s | %s", stage, lines[-1])  # the Prefect UI: every line
+            if for_terminal(stage, lines[-1]):  # the terminal: the stage's own lines (DVC's and Lightning's chatter stay in Prefect)
+                print(f"{stage} | {lines[-1]}", flush=True)
     proc.wait()
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
@@ -93,6 +95,15 @@ def _reproduce(stage: str, root: Path, mlflow_run_id: str, logger) -> dict:
         raise StageError(f"stage {stage!r} failed (dvc repro exit {proc.returncode}):\n{tail}")
     ran = any(f"Running stage '{stage}'" in line for line in lines)
     return {"stage": stage, "ran": ran, "seconds": round(seconds, 2)}
+
+
+OWN_LINE = re.compile(r"(?:(?P<name>[a-z_]+)(?:\[[\w-]+\])?: |epoch \d+ |ERROR)")
+
+
+def for_terminal(stage: str, line: str) -> bool:
+    """A line the stage itself printed (`warmup: ...`, `train[envace]: ...`, `epoch 3 (...)`) or an error."""
+    match = OWN_LINE.match(line.strip())
+    return bool(match) and match.group("name") in (None, stage.split("@")[0])
 
 
 def stale_stages(root: Path) -> set[str] | None:
@@ -209,6 +220,8 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
             _record_gate(stage, root, summary)
             summary["stages"][stage] = result | {"mlflow_run_id": run.info.run_id}
             logger.info("%s: %s in %.1fs", stage, "ran" if result["ran"] else "up to date", result["seconds"])
+            if not result["ran"]:
+                print(f"{stage} | up to date", flush=True)
         _summarise_in_parent(root, parent, summary)
     if until is None:
         summary["pushed"] = push(root)
