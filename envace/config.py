@@ -42,7 +42,7 @@ class CollectConfig(Section):
     domains: list[str] = list(DOMAINS)
     """Built-in names (bank, files, trading), `package.module:OBJECT` (a Domain), or folders
     (tools.json + episodes.jsonl + optional policy.md, backend.json), relative to the project."""
-    tasks_per_domain: int = Field(1400, gt=0)
+    tasks_per_domain: int = Field(1750, gt=0)
     """Tasks generated per built-in domain (a domain with logs imports them instead)."""
     real_backends: bool = True
     """False: treat every domain as logs only, even one that declares a real backend."""
