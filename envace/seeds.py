@@ -4,8 +4,10 @@
 
 queues one DVC experiment per seed (`dvc exp run --queue -S model.seed=S -S warmup.seed=S
 -S train.seed=S evaluate`: the data stays the same, the model's initialisation, warmup's
-batch order and GRPO's sampling change), runs the queue (`dvc exp run --run-all`, one at a
-time), reads each experiment's `metrics/eval.json` from its git commit and writes:
+batch order and GRPO's sampling change; `--vary train.seed` varies GRPO's alone, so every
+seed shares one warmup and costs only the RL stages), runs the queue (`dvc exp run
+--run-all`, one at a time), reads each experiment's `metrics/eval.json` from its git commit
+and writes:
 
 - `metrics/seeds.json`: {"seeds", "varied", "tasks", "failed": {seed: reason},
   "variants": {name: {"mean", "min", "max", "seeds": [success per seed], "ci_low", "ci_high", "n"}}}
@@ -45,13 +47,13 @@ def dvc(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return out
 
 
-def run_experiments(seeds: list[int]) -> None:
+def run_experiments(seeds: list[int], varied: list[str]) -> None:
     """Queue one experiment per seed (replacing an older one of the same name) and run them."""
     for seed in seeds:
         dvc("exp", "remove", name(seed), check=False)  # absent the first time
-        overrides = [arg for key in VARIED for arg in ("-S", f"{key}={seed}")]
+        overrides = [arg for key in varied for arg in ("-S", f"{key}={seed}")]
         dvc("exp", "run", "--queue", "-n", name(seed), *overrides, "evaluate")
-        print(f"seeds: queued {name(seed)} ({', '.join(f'{k}={seed}' for k in VARIED)})", flush=True)
+        print(f"seeds: queued {name(seed)} ({', '.join(f'{k}={seed}' for k in varied)})", flush=True)
     print(f"seeds: running {len(seeds)} experiment(s) one at a time (`dvc queue status` shows progress)", flush=True)
     subprocess.run([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "-j", "1"], check=False)
 
@@ -72,7 +74,7 @@ def eval_of(rev: str) -> dict:
     return json.loads(shown.stdout)
 
 
-def summarise(results: dict[int, dict], failed: dict[int, str]) -> dict:
+def summarise(results: dict[int, dict], failed: dict[int, str], varied: list[str] = list(VARIED)) -> dict:
     """Per variant: success per seed, its mean / min / max, the pooled Wilson interval."""
     seeds = sorted(results)
     names = sorted({v for r in results.values() for v in r["variants"]})
@@ -86,13 +88,14 @@ def summarise(results: dict[int, dict], failed: dict[int, str]) -> dict:
         variants[v] = {"mean": round(mean(rates), 4), "min": min(rates), "max": max(rates), "seeds": rates,
                        "ci_low": low, "ci_high": high, "n": n}
     tasks = sorted({r["variants"][v]["n"] for r in results.values() for v in r["variants"]})
-    return {"seeds": seeds, "varied": list(VARIED), "tasks": tasks[0] if len(tasks) == 1 else tasks,
+    return {"seeds": seeds, "varied": list(varied), "tasks": tasks[0] if len(tasks) == 1 else tasks,
             "failed": {str(s): why for s, why in failed.items()}, "variants": variants}
 
 
 def report(s: dict) -> str:
     lines = [f"# Results across seeds ({', '.join(map(str, s['seeds']))})", "",
-             f"Each seed runs the pipeline to `evaluate` with {', '.join(s['varied'])} set to it (the data is the same). "
+             f"Each seed runs the pipeline to `evaluate` with {', '.join(s['varied'])} set to it (the data is the same"
+             f"{'' if len(s['varied']) > 1 else '; every other seed is fixed, so the seeds share everything upstream'}). "
              f"Success on the same {s['tasks']} held-out test tasks in the real backends; the interval pools every seed's "
              "tasks (95% Wilson).", "",
              "| variant | mean | min | max | per seed | pooled 95% CI |", "|---|---|---|---|---|---|"]
@@ -107,10 +110,12 @@ def report(s: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m envace.seeds", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--vary", nargs="+", default=list(VARIED), choices=VARIED, metavar="KEY",
+                        help=f"the seeds set to each value (default: all of {', '.join(VARIED)})")
     parser.add_argument("--report-only", action="store_true", help="summarise experiments that already ran")
     args = parser.parse_args(argv)
     if not args.report_only:
-        run_experiments(args.seeds)
+        run_experiments(args.seeds, args.vary)
     results, failed = {}, {}
     for seed, rev in experiment_revs(args.seeds).items():
         if rev is None:
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if not results:
         print(f"seeds: no experiment finished: {failed}", file=sys.stderr)
         return 1
-    summary = summarise(results, failed)
+    summary = summarise(results, failed, args.vary)
     write_json(METRICS, summary)
     write_text(REPORT, report(summary))
     print(report(summary))
