@@ -178,6 +178,9 @@ def register(model_dir: Path, success: float, tasks: list[dict], config: dict, m
         reason = f"challenger {success:.4f} {verdict} champion v{champion.version} {champion_success:.4f}"
         if not promoted:
             reason += "; failed: " + "; ".join(e["name"] for e in expectations if not e["success"])
+            if known is None or not known.isdigit():
+                reason += (f" (champion v{champion.version} has no {REAL_CALLS} tag — registered before envace recorded it;"
+                           f" tag it with its real calls in training to compare)")
             print(describe_failures(expectations), flush=True)
     if promoted:
         client.set_registered_model_alias(model_name, CHAMPION, version)
