@@ -52,6 +52,12 @@ def signature():
     return ModelSignature(params=ParamSchema([ParamSpec(k, kinds[type(v)], v) for k, v in PREDICT_PARAMS.items()]))
 
 
+def known(section, values: dict) -> dict:
+    """The keys of a registered version's config that this envace still has: a knob removed
+    since (e.g. `rollout.temperature`) is ignored, so older champions stay loadable."""
+    return {k: v for k, v in values.items() if k in section.model_fields}
+
+
 class EnvaceAgent(mlflow.pyfunc.PythonModel):
     """The agent: predict(tasks, params) → one episode per task in its domain's real backend,
     after `rehearse` private rehearsals and with the guard when `guard` is true."""
@@ -63,9 +69,9 @@ class EnvaceAgent(mlflow.pyfunc.PythonModel):
 
         config = context.model_config or {}
         use_domains(config.get("domains", []))  # its tasks' domains: your own tools, by absolute folder path
-        self.policy = load_policy(context.artifacts["model"], TrainerConfig(**config.get("trainer", {})),
+        self.policy = load_policy(context.artifacts["model"], TrainerConfig(**known(TrainerConfig, config.get("trainer", {}))),
                                   config.get("max_seq_len", 0), base=context.artifacts.get("base"))
-        self.rollout = RolloutConfig(**config.get("rollout", {}))
+        self.rollout = RolloutConfig(**known(RolloutConfig, config.get("rollout", {})))
         self.memory_episodes = config.get("memory_episodes", 2)
 
     def predict(self, context, model_input, params=None) -> list[dict]:

@@ -252,7 +252,8 @@ def test_a_champion_with_unknown_training_calls_is_not_replaced_blindly():
 
 def test_the_registered_agent_decodes_greedily_as_evaluate_does(tmp_path, prepared_dir, monkeypatch):
     """The champion is re-evaluated through the registry: sampling there (the rollout's
-    training temperature) would score it lower than `evaluate` scored the challenger."""
+    training temperature) would score it lower than `evaluate` scored the challenger. Its
+    config holds `rollout.temperature`, a knob since removed: an older version still loads."""
     import mlflow
 
     from envace.config import ModelConfig
