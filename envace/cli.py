@@ -89,9 +89,9 @@ def where_to_look(root: Path, summary: dict) -> str:
     lines += [
         "",
         "Where to look:",
-        f"  MLflow UI:   .venv/bin/mlflow ui --backend-store-uri {tracking_uri(root)}  (runs under experiment 'envace')",
-        f"  Prefect UI:  PREFECT_HOME={root}/.prefect .venv/bin/prefect server start  (flow 'envace', artifacts)",
-        "  DVC:         .venv/bin/dvc metrics show; dvc.lock pins every output",
+        f"  MLflow UI:   make serve-mlflow -> http://127.0.0.1:5000 (store {tracking_uri(root)}, experiment 'envace')",
+        "  Prefect UI:  make serve-prefect -> http://127.0.0.1:4200 (flow runs envace-<time>-<sha>, task logs, artifacts)",
+        "  DVC:         PATH=.venv/bin:$PATH dvc metrics show; dvc.lock pins every output",
         "  Reports:     reports/*.md; metrics/*.json; plots: .venv/bin/dvc plots show",
     ]
     return "\n".join(lines)

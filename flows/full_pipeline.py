@@ -223,8 +223,8 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
             if not result["ran"]:
                 print(f"{stage} | up to date", flush=True)
         _summarise_in_parent(root, parent, summary)
-    if until is None:
-        summary["pushed"] = push(root)
+    if until is None and any(r["ran"] for r in summary["stages"].values()):
+        summary["pushed"] = push(root)  # nothing ran: the outputs are the last run's, pushed then
     summary["model"] = _registered(root)
     create_markdown_artifact(_summary_markdown(summary), key="pipeline-summary", description="envace pipeline run")
     return summary
