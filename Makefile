@@ -40,8 +40,9 @@ run: install
 
 # Results across seeds: the pipeline to `evaluate` for seeds 0 1 2 as DVC experiments
 # (`dvc exp show` lists them) -> metrics/seeds.json, reports/seeds.md (README: Results).
+# SEEDS_ARGS="--vary train.seed": GRPO's seed only (the seeds share one warmup).
 seeds: install
-	$(PY) -m envace.seeds
+	$(PY) -m envace.seeds $(SEEDS_ARGS)
 
 # The worked example (README: Your own tools): a tool API of its own behind an MCP server, its
 # production logs, and the same pipeline in the project folder examples/gitforge.
