@@ -59,12 +59,16 @@ def run_experiments(seeds: list[int], varied: list[str]) -> None:
 
 
 def experiment_revs(seeds: list[int]) -> dict[int, str | None]:
-    """The git commit of each seed's experiment (None when it did not finish)."""
-    import dvc.api
-
-    rows = dvc.api.exp_show()
-    found = {row.get("Experiment"): row.get("rev") for row in rows if row.get("Experiment")}
-    return {seed: found.get(name(seed)) for seed in seeds}
+    """The git commit of each seed's newest finished experiment (None when none finished). DVC
+    keeps a finished experiment as a ref `refs/exps/<baseline>/<name>`; read by name, so a
+    commit made while the queue ran (a new baseline) does not hide them."""
+    refs = subprocess.run(["git", "for-each-ref", "refs/exps", "--sort=-committerdate", "--format=%(refname) %(objectname)"],
+                          text=True, capture_output=True, check=True).stdout.split("\n")
+    newest: dict[str, str] = {}
+    for line in filter(None, refs):
+        ref, rev = line.split()
+        newest.setdefault(ref.rsplit("/", 1)[-1], rev)
+    return {seed: newest.get(name(seed)) for seed in seeds}
 
 
 def eval_of(rev: str) -> dict:
@@ -97,7 +101,8 @@ def report(s: dict) -> str:
              f"Each seed runs the pipeline to `evaluate` with {', '.join(s['varied'])} set to it (the data is the same"
              f"{'' if len(s['varied']) > 1 else '; every other seed is fixed, so the seeds share everything upstream'}). "
              f"Success on the same {s['tasks']} held-out test tasks in the real backends; the interval pools every seed's "
-             "tasks (95% Wilson).", "",
+             "tasks (95% Wilson) — the seeds replay the same tasks, so it treats their episodes as independent and is "
+             "narrower than the uncertainty from task sampling; min and max show the spread between seeds.", "",
              "| variant | mean | min | max | per seed | pooled 95% CI |", "|---|---|---|---|---|---|"]
     for v, d in sorted(s["variants"].items(), key=lambda kv: -kv[1]["mean"]):
         lines.append(f"| {v} | {d['mean']:.3f} | {d['min']:.3f} | {d['max']:.3f} | "
