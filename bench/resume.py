@@ -8,6 +8,9 @@ weights are byte-identical. Needs the data stages and base_model first (`make ru
 
     .venv/bin/python bench/resume.py                 # the default profile: ~2 warmups of CPU time
     .venv/bin/python bench/resume.py --kill-at 0.5
+    .venv/bin/python bench/resume.py --reference .   # compare with the project's own warmup (models/warmup,
+                                                     # metrics/warmup.json) instead of a second one: half the
+                                                     # time, but not side by side
 """
 
 from __future__ import annotations
@@ -73,10 +76,15 @@ def md5(path: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kill-at", type=float, default=0.7, help="share of the epochs done before the kill")
+    parser.add_argument("--reference", type=Path, help="a project whose warmup is the uninterrupted run (its wall_s)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        plain = scratch(Path(tmp), "uninterrupted")
-        plain_s = uninterrupted(plain)
+        if args.reference:
+            plain = args.reference.resolve()
+            plain_s = json.loads((plain / "metrics/warmup.json").read_text())["wall_s"]
+        else:
+            plain = scratch(Path(tmp), "uninterrupted")
+            plain_s = uninterrupted(plain)
         epochs = json.loads((plain / "metrics/warmup.json").read_text())["epochs"]
         kill_epoch = max(1, int(epochs * args.kill_at))
         killed = scratch(Path(tmp), "killed")
