@@ -174,17 +174,18 @@ def register(model_dir: Path, success: float, tasks: list[dict], config: dict, m
         champion_success, promoted, reason = None, True, "no champion yet"
     else:
         champion_success = success_of(f"models:/{model_name}@{CHAMPION}", tasks)
-        known = champion.tags.get(REAL_CALLS)
+        tag = champion.tags.get(REAL_CALLS, "")
+        champion_calls = int(tag) if tag.isdigit() else None  # None: registered before envace recorded it
         table = comparison({"version": version, "success": success, "tasks": len(tasks), "real_calls": real_calls},
                            {"version": champion.version, "success": champion_success, "tasks": len(tasks),
-                            "real_calls": int(known) if known and known.isdigit() else None})
+                            "real_calls": champion_calls})
         expectations = run_checks({"promotion": table}, checks())
         promoted = all(e["success"] for e in expectations)
         verdict = "beats" if promoted else "does not replace"
         reason = f"challenger {success:.4f} {verdict} champion v{champion.version} {champion_success:.4f}"
         if not promoted:
             reason += "; failed: " + "; ".join(e["name"] for e in expectations if not e["success"])
-            if known is None or not known.isdigit():
+            if champion_calls is None:
                 reason += (f" (champion v{champion.version} has no {REAL_CALLS} tag — registered before envace recorded it;"
                            f" tag it with its real calls in training to compare)")
             print(describe_failures(expectations), flush=True)

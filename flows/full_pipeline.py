@@ -110,11 +110,11 @@ def stale_stages(root: Path) -> set[str] | None:
     """The stages `dvc status` finds changed — one DVC start for the whole graph instead of one
     per stage; None when it cannot tell (then every stage goes through `dvc repro`)."""
     out = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=root, capture_output=True, text=True)
-    try:
-        changed = json.loads(out.stdout or "{}") if out.returncode == 0 else None
-    except json.JSONDecodeError:
+    if out.returncode != 0:
         return None
-    if changed is None:
+    try:
+        changed = json.loads(out.stdout or "{}")
+    except json.JSONDecodeError:
         return None
     # this folder's dvc.yaml names its stages bare; other dvc.yaml files of the repository
     # (a project inside it, or the repository's around a project) come as "path/dvc.yaml:stage"
