@@ -50,7 +50,7 @@ def test_smollm2_template_renders_both_roles_and_the_targets_parse(smol_dir, gol
     from envace.model import load
     from envace.roles import ActOutput, ChatTemplate, encode, parse_act, parse_rehearse
     from envace.rollout.runner import Policy
-    from envace.train.data import fact_source, recorded_calls
+    from envace.data.episodes import fact_source, recorded_calls
 
     model, tok = load(smol_dir)
     policy = Policy(model, tok)

@@ -681,7 +681,7 @@ def test_renaming_interchangeable_names_keeps_episodes_valid(name, prepared_dir)
     import re
 
     from envace.io import read_jsonl
-    from envace.train.data import recorded_calls
+    from envace.data.episodes import recorded_calls
 
     domain = get_domain(name)
     rng = random.Random(0)

@@ -42,7 +42,8 @@ def test_episodes_with_rare_tools_are_repeated(prepared_dir, tokenizer):
 
     from envace.io import read_jsonl
     from envace.roles import MinimalTemplate
-    from envace.train.data import SFTDataset, recorded_calls
+    from envace.data.episodes import recorded_calls
+    from envace.train.data import SFTDataset
 
     episodes = list(read_jsonl(prepared_dir / "data/prepared/train.jsonl"))
     plain = SFTDataset(episodes, MinimalTemplate(), tokenizer, 0.0)

@@ -83,6 +83,18 @@ def test_entities_and_numbers_seen_in_training_are_single_tokens(tokenizer, prep
     assert tokenizer.tokenize('{"status":"completed","amount":40}') == ["{", '"status":"', "completed", '"', ",", '"amount":', "40", "}"]
 
 
+def test_every_key_of_the_privileged_facts_is_one_token(tokenizer, prepared_dir):
+    """REHEARSE copies a value by the key in front of it, so a key only the facts hold must be one
+    token too: the tokenizer is trained on the facts REHEARSE reads, not only on the traffic."""
+    from envace.data.tokenizer import WORDS
+    from envace.stages.prepare import fact_texts
+
+    keys = {piece for ep in read_jsonl(prepared_dir / "data/prepared/train.jsonl") for text in fact_texts(ep)
+            for piece in WORDS.findall(text) if piece.startswith('"')}
+    assert len(keys) > 5
+    assert {k: tokenizer.tokenize(k) for k in keys if len(tokenizer.tokenize(k)) != 1} == {}
+
+
 def test_unseen_word_falls_back_to_characters(tokenizer):
     pieces = tokenizer.tokenize("zqxwv")
     assert "".join(pieces) == "zqxwv" and len(pieces) > 1

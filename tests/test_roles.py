@@ -60,7 +60,7 @@ def test_act_sequence_trains_exactly_on_act_outputs(tokenizer, episode):
 
 
 def test_rehearse_sequence_trains_exactly_on_the_responses(tokenizer, episode):
-    from envace.train.data import fact_source, recorded_calls
+    from envace.data.episodes import fact_source, recorded_calls
 
     t = MinimalTemplate()
     task = episode["task"]

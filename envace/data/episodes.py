@@ -19,6 +19,24 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from envace.domains import get_domain
+
+
+def recorded_calls(episode: dict) -> list[tuple[dict, dict]]:
+    """(call, real response) for every recorded call of an episode, in order."""
+    msgs, out = episode["messages"], []
+    offered = {t["function"]["name"] for t in episode["task"]["tools"]}
+    for j, m in enumerate(msgs):
+        if m["role"] == "act" and "calls" in m:
+            replies = [r for r in msgs[j + 1 : j + 1 + len(m["calls"])] if r["role"] == "tool"]
+            out += [(c, r["response"]) for c, r in zip(m["calls"], replies) if c["name"] in offered]
+    return out
+
+
+def fact_source(task: dict):
+    """What reads the task's scenario facts (its domain's backend, or nothing): it never executes."""
+    return get_domain(task["domain"]).fact_source(task["scenario"])
+
 
 def json_values(obj: Any) -> list:
     """The plain values (not dicts or lists) of a JSON value, depth first.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from envace.roles import Failure, canonical, parse_rehearse
-from envace.train.data import fact_source, recorded_calls
+from envace.data.episodes import fact_source, recorded_calls
 
 
 def leaves(obj, prefix: str = "") -> dict[str, str]:

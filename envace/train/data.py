@@ -23,28 +23,13 @@ from collections import Counter
 
 import torch
 
-from envace.domains import get_domain
+from envace.data.episodes import fact_source, recorded_calls
 from envace.data.tokenizer import WORDS, is_word_level
+from envace.domains import get_domain
 from envace.roles import Segment, encode
 
 
 NAME = re.compile(r"[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*")  # a word piece (not punctuation or space)
-
-
-def recorded_calls(episode: dict) -> list[tuple[dict, dict]]:
-    """(call, real response) for every recorded call of an episode, in order."""
-    msgs, out = episode["messages"], []
-    offered = {t["function"]["name"] for t in episode["task"]["tools"]}
-    for j, m in enumerate(msgs):
-        if m["role"] == "act" and "calls" in m:
-            replies = [r for r in msgs[j + 1 : j + 1 + len(m["calls"])] if r["role"] == "tool"]
-            out += [(c, r["response"]) for c, r in zip(m["calls"], replies) if c["name"] in offered]
-    return out
-
-
-def fact_source(task: dict):
-    """What reads the task's scenario facts (its domain's backend, or nothing): it never executes."""
-    return get_domain(task["domain"]).fact_source(task["scenario"])
 
 
 def repeats(episodes: list[dict], max_repeat: int) -> list[int]:
