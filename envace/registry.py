@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -68,7 +70,7 @@ class EnvaceAgent(mlflow.pyfunc.PythonModel):
         from envace.rollout.runner import load_policy
 
         config = context.model_config or {}
-        use_domains(config.get("domains", []))  # its tasks' domains: your own tools, by absolute folder path
+        use_domains([_unpacked(spec, context.artifacts) for spec in config.get("domains", [])])  # your own tools too
         self.policy = load_policy(context.artifacts["model"], TrainerConfig(**known(TrainerConfig, config.get("trainer", {}))),
                                   config.get("max_seq_len", 0), base=context.artifacts.get("base"))
         self.rollout = RolloutConfig(**known(RolloutConfig, config.get("rollout", {})))
@@ -125,7 +127,7 @@ class Registration:
 def log_agent(model_dir: Path, config: dict, run_name: str, tags: dict[str, str]):
     """Log the agent as a pyfunc model into a new run (nested under the flow's stage run
     when there is one); returns (run_id, model_uri). LoRA adapters travel with their base
-    checkpoint, so the registered model loads anywhere like a full one."""
+    checkpoint and domain folders with their files, so the registered model loads anywhere."""
     import envace
     from envace import tracking
     from envace.model import BASE_REFERENCE
@@ -134,13 +136,40 @@ def log_agent(model_dir: Path, config: dict, run_name: str, tags: dict[str, str]
     artifacts = {"model": str(model_dir)}
     if (Path(model_dir) / "adapter_config.json").exists():
         artifacts["base"] = BASE_REFERENCE
-    with mlflow.start_run(experiment_id=tracking.experiment_id(root), run_name=run_name, tags=tags,
-                          parent_run_id=os.environ.get("ENVACE_MLFLOW_RUN_ID")) as run:
-        info = mlflow.pyfunc.log_model(
-            name="agent", python_model=EnvaceAgent(), artifacts=artifacts,
-            model_config=config, code_paths=[str(Path(envace.__file__).parent)], signature=signature(),
-            pip_requirements=_requirements())
+    with tempfile.TemporaryDirectory() as folders:
+        config = {**config, "domains": [_packed(spec, Path(folders), artifacts) for spec in config.get("domains", [])]}
+        with mlflow.start_run(experiment_id=tracking.experiment_id(root), run_name=run_name, tags=tags,
+                              parent_run_id=os.environ.get("ENVACE_MLFLOW_RUN_ID")) as run:
+            info = mlflow.pyfunc.log_model(
+                name="agent", python_model=EnvaceAgent(), artifacts=artifacts,
+                model_config=config, code_paths=[str(Path(envace.__file__).parent)], signature=signature(),
+                pip_requirements=_requirements())
     return run.info.run_id, info.model_uri
+
+
+FOLDER = "folder:"
+"""A `domains` entry of a registered config that names a domain folder packed as an artifact."""
+
+
+def _packed(spec: str, into: Path, artifacts: dict) -> str:
+    """A domain folder travels with the model (its tools, policy, checks and backend; not its
+    logs), so a registered version loads on another machine or after the project moves. Built-in
+    and `package.module:OBJECT` domains are named as they are."""
+    folder = Path(spec)
+    if not folder.is_dir():
+        return spec
+    key = f"domain-{len(artifacts)}"
+    shutil.copytree(folder, into / key / folder.resolve().name,
+                    ignore=shutil.ignore_patterns("episodes.jsonl", "__pycache__"))
+    artifacts[key] = str(into / key)
+    return f"{FOLDER}{key}/{folder.resolve().name}"
+
+
+def _unpacked(spec: str, artifacts: dict) -> str:
+    if not spec.startswith(FOLDER):
+        return spec
+    key, _, name = spec[len(FOLDER):].partition("/")
+    return str(Path(artifacts[key]) / name)
 
 
 def _requirements() -> list[str]:

@@ -250,25 +250,33 @@ def test_a_champion_with_unknown_training_calls_is_not_replaced_blindly():
     assert [r["success"] for r in run_checks({"promotion": different}, checks())] == [True, False, True]
 
 
-def test_the_registered_agent_decodes_greedily_as_evaluate_does(tmp_path, prepared_dir, monkeypatch):
-    """The champion is re-evaluated through the registry: sampling there (the rollout's
-    training temperature) would score it lower than `evaluate` scored the challenger. Its
-    config holds `rollout.temperature`, a knob since removed: an older version still loads."""
+def _tiny_agent(tmp_path, prepared_dir, monkeypatch):
+    """A 1-layer agent saved under tmp_path, with a sqlite MLflow store there."""
     import mlflow
 
     from envace.config import ModelConfig
-    from envace.io import read_jsonl
     from envace.model import build_default, save
-    from envace.registry import log_agent
-    from envace.rollout.runner import Policy
     from transformers import PreTrainedTokenizerFast
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("ENVACE_MLFLOW_RUN_ID", raising=False)
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(prepared_dir / "data/prepared/tokenizer")
-    model_dir = save(build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer),
-                     tokenizer, tmp_path / "agent")
+    return save(build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer),
+                tokenizer, tmp_path / "agent")
+
+
+def test_the_registered_agent_decodes_greedily_as_evaluate_does(tmp_path, prepared_dir, monkeypatch):
+    """The champion is re-evaluated through the registry: sampling there (the rollout's
+    training temperature) would score it lower than `evaluate` scored the challenger. Its
+    config holds `rollout.temperature`, a knob since removed: an older version still loads."""
+    import mlflow
+
+    from envace.io import read_jsonl
+    from envace.registry import log_agent
+    from envace.rollout.runner import Policy
+
+    model_dir = _tiny_agent(tmp_path, prepared_dir, monkeypatch)
     _, uri = log_agent(model_dir, {"rollout": {"max_turns": 2, "max_new_tokens": 8, "temperature": 1.0}}, "agent", {})
     temperatures = []
     generate = Policy.generate
@@ -277,3 +285,29 @@ def test_the_registered_agent_decodes_greedily_as_evaluate_does(tmp_path, prepar
     tasks = [e["task"] for e in read_jsonl(prepared_dir / "data/prepared/test.jsonl")][:3]
     assert len(mlflow.pyfunc.load_model(uri).predict(tasks)) == 3
     assert temperatures and set(temperatures) == {0.0}
+
+
+def test_a_registered_agent_carries_its_domain_folder(tmp_path, prepared_dir, monkeypatch):
+    """Your own tools travel with the model: the folder is packed without its logs, so the version
+    loads after the project folder is gone (another machine, a moved project)."""
+    import shutil
+
+    import mlflow
+
+    from envace import domains
+    from envace.registry import log_agent
+
+    model_dir = _tiny_agent(tmp_path, prepared_dir, monkeypatch)
+    folder = tmp_path / "project" / "gitforge"
+    shutil.copytree(ROOT / "examples/gitforge/domains/gitforge", folder,
+                    ignore=shutil.ignore_patterns("episodes.jsonl", "__pycache__"))
+    (folder / "episodes.jsonl").write_text("logs stay with the project\n")
+    _, uri = log_agent(model_dir, {"domains": [str(folder), "bank"]}, "agent", {})
+    shutil.rmtree(tmp_path / "project")
+    monkeypatch.setattr(domains, "_loaded", {})
+    mlflow.pyfunc.load_model(uri)
+    packed = domains.get_domain("gitforge")
+    assert packed.backend_kind == "mcp" and {t.name for t in packed.tools} >= {"delete_branch", "merge_pull_request"}
+    assert packed.policy.startswith("You are the gitforge assistant")
+    assert not packed.logs.exists() and packed.logs.parent.is_dir()  # the tools came, the logs did not
+    assert domains.get_domain("bank").name == "bank"
