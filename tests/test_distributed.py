@@ -150,5 +150,5 @@ def test_a_rank_without_episodes_still_takes_part(warmed, tmp_path):
     _run(warmed, "train", 2, tmp_path, "envace", train=small)
     two = _weights(warmed / "models/train/envace")
     assert json.loads((warmed / "metrics/train/envace.json").read_text())["rank_divergence"] == 0.0
-    for k in one:
-        torch.testing.assert_close(two[k], one[k], atol=1e-5, rtol=1e-4)
+    for k in one:  # the same rounding allowance as two ranks that both play
+        assert_equal_up_to_rounding(two[k], one[k], 2 * 1e-3 * small["steps"])
