@@ -158,11 +158,10 @@ def _packed(spec: str, into: Path, artifacts: dict) -> str:
     folder = Path(spec)
     if not folder.is_dir():
         return spec
-    key = f"domain-{len(artifacts)}"
-    shutil.copytree(folder, into / key / folder.resolve().name,
-                    ignore=shutil.ignore_patterns("episodes.jsonl", "__pycache__"))
+    key, name = f"domain-{len(artifacts)}", folder.resolve().name  # the folder's name is the domain's
+    shutil.copytree(folder, into / key / name, ignore=shutil.ignore_patterns("episodes.jsonl", "__pycache__"))
     artifacts[key] = str(into / key)
-    return f"{FOLDER}{key}/{folder.resolve().name}"
+    return f"{FOLDER}{key}/{name}"
 
 
 def _unpacked(spec: str, artifacts: dict) -> str:
