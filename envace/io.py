@@ -141,6 +141,13 @@ def write_json(path: str | Path, obj) -> None:
         f.write("\n")
 
 
+def write_timings(stage: str, values: dict) -> None:
+    """Wall-clock figures of a stage run (`timings/<stage>.json`, `stage` as DVC names it). They
+    stay out of the git-tracked metrics, which a rerun reproducing the same models must leave
+    unchanged; the flow logs them to the stage's MLflow run."""
+    write_json(Path("timings") / f"{stage}.json", values)
+
+
 def write_text(path: str | Path, text: str) -> None:
     with atomic_writer(path) as f:
         f.write(text)
@@ -159,11 +166,12 @@ def atomic_dir(path: str | Path):
         raise
 
 
-def write_csv(path: str | Path, rows: list[dict]) -> None:
+def write_csv(path: str | Path, rows: list[dict], fields: list[str] | None = None) -> None:
+    """Rows as CSV; `fields` names the columns (else the first row's keys): an empty curve keeps its header."""
     import csv
 
     with atomic_writer(path) as f:
-        fields = list(rows[0]) if rows else []
+        fields = fields or (list(rows[0]) if rows else [])
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)

@@ -180,16 +180,18 @@ def _requirements() -> list[str]:
 
 
 def register(model_dir: Path, success: float, tasks: list[dict], config: dict, model_name: str,
-             tags: dict[str, str], real_calls: int) -> Registration:
+             tags: dict[str, str], real_calls: int, params: dict | None = None) -> Registration:
     """New version of `model_name` (alias `challenger`); `champion` moves to it only if the
     promotion suite passes: `success` beats the current champion's on the same `tasks`, with no
     more real calls in training (`real_calls`) than the champion made. `config` is the agent's
-    `model_config`: {"rollout", "trainer", "max_seq_len", "memory_episodes", "domains"}."""
+    `model_config`: {"rollout", "trainer", "max_seq_len", "memory_episodes", "domains"}; `params`, the
+    pipeline's, go with the logged model."""
     from envace.gates import describe_failures, run_checks
     from envace.gates.promotion import checks, comparison
 
     client = MlflowClient()
     run_id, model_uri = log_agent(model_dir, config, f"register-{model_name}", {"stage": "register"})
+    describe_logged_model(run_id, model_uri, success, tasks, tags.get("data_version"), params or {})
     try:
         client.get_registered_model(model_name)
     except MlflowException:
@@ -207,7 +209,7 @@ def register(model_dir: Path, success: float, tasks: list[dict], config: dict, m
         table = comparison({"version": version, "success": success, "tasks": len(tasks), "real_calls": real_calls},
                            {"version": champion.version, "success": champion_success, "tasks": len(tasks),
                             "real_calls": champion_calls})
-        expectations = run_checks({"promotion": table}, checks())
+        expectations = run_checks({"promotion": table}, checks(), gate="register")
         promoted = all(e["success"] for e in expectations)
         verdict = "beats" if promoted else "does not replace"
         reason = f"challenger {success:.4f} {verdict} champion v{champion.version} {champion_success:.4f}"
@@ -225,6 +227,32 @@ def register(model_dir: Path, success: float, tasks: list[dict], config: dict, m
                        "reason": reason}.items():
         client.set_model_version_tag(model_name, version, key, "" if value is None else str(value))
     return result
+
+
+def describe_logged_model(run_id: str, model_uri: str, success: float, tasks: list[dict], data_version: str | None,
+                          params: dict) -> None:
+    """What MLflow shows on the logged model: its held-out success, linked to the test set it was
+    scored on (the DVC data version is that dataset's digest), and its params — flattened on
+    the model, whole as `params.yaml` on its run."""
+    import warnings
+
+    import pandas as pd
+    import yaml
+    from mlflow.entities import LoggedModelInput
+
+    from envace.tracking import flatten
+
+    model_id = model_uri.removeprefix("models:/")  # MLflow 3 logs a model as models:/<model id>
+    with warnings.catch_warnings():  # "the source can be interpreted in multiple ways": a local path it is
+        warnings.simplefilter("ignore", UserWarning)
+        test = mlflow.data.from_pandas(pd.DataFrame({"task_id": [t["id"] for t in tasks]}),
+                                       source="data/prepared/test.jsonl", name="test", digest=data_version or None)
+    with mlflow.start_run(run_id=run_id):
+        mlflow.log_input(test, context="evaluation", model=LoggedModelInput(model_id))
+        mlflow.log_metric("success", success, model_id=model_id, dataset=test)
+        if params:
+            mlflow.log_model_params({k: str(v)[:6000] for k, v in flatten(params).items()}, model_id=model_id)
+            mlflow.log_text(yaml.safe_dump(params, sort_keys=False), "params.yaml")
 
 
 def current_champion(client: MlflowClient, model_name: str):

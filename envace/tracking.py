@@ -41,6 +41,38 @@ def experiment_id(root: Path) -> str:
     return mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_location(root))
 
 
+# The runs table shows no metric column until one is picked; this saved view (an experiment tag
+# in the format of MLflow's own "Save view") opens it with the headline columns, newest first:
+# each variant run's held-out success and the parent runs' summary (metrics/summary.json).
+VIEW = "envace-headline"
+VIEW_COLUMNS = ("success", "ci_low", "ci_high", "real_env_calls_train", "rehearsal", "sft", "real_env", "simulator",
+                "envace", "real_calls", "version")
+
+
+def save_headline_view(exp_id: str) -> None:
+    import base64
+    import time
+    import zlib
+
+    import mlflow
+
+    columns = [f"metrics.`{name}`" for name in VIEW_COLUMNS]
+    state = {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
+             "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
+             "selectedColumns": columns, "columnOrder": columns, "columnWidths": {}, "runsHiddenMode": "SHOW_ALL",
+             "viewMaximized": False, "runListHidden": False, "isAccordionReordered": False, "groupBy": None,
+             "groupsExpanded": {}, "useGroupedValuesInCharts": True, "hideEmptyCharts": True}
+    packed = "deflate;" + base64.b64encode(zlib.compress(json.dumps(state).encode())).decode()
+    now = int(time.time() * 1000)
+    view = {"name": "envace: headline numbers", "createdAt": now, "updatedAt": now, "state": packed}
+    mlflow.MlflowClient().set_experiment_tag(exp_id, f"mlflow.sharedViewState.{VIEW}", json.dumps(view))
+
+
+def runs_view_url(ui: str, exp_id: str) -> str:
+    """The experiment's runs table in the MLflow UI at `ui`, opened on the headline view."""
+    return f"{ui.rstrip('/')}/#/experiments/{exp_id}/runs?viewStateShareKey={VIEW}"
+
+
 @contextmanager
 def pipeline_run(root: Path, run_name: str, tags: dict[str, str]):
     """The parent run of one pipeline run; ends FAILED if the block raises."""
@@ -49,6 +81,7 @@ def pipeline_run(root: Path, run_name: str, tags: dict[str, str]):
     (Path(root) / ".mlflow").mkdir(exist_ok=True)
     exp_id = experiment_id(root)
     mlflow.set_experiment(experiment_id=exp_id)
+    save_headline_view(exp_id)
     with mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=tags) as run:
         yield run
 
@@ -96,6 +129,47 @@ def log_to_run(params: dict, metrics: dict, tags: dict, artifacts=()) -> None:
         elif source.is_file():
             with tempfile.TemporaryDirectory() as tmp:
                 mlflow.log_artifact(shutil.copy(source, Path(tmp) / Path(path).name))
+
+
+def csv_png(csv_path: Path, out_dir: Path) -> Path | None:
+    """A stage's plot CSV as a PNG for its MLflow run: lines of every numeric column over the
+    first (a step, an epoch), or bars of the second over a first column of names (variants).
+    None for a CSV without rows."""
+    import csv
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return None
+    x, *ys = rows[0]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    if _is_number(rows[0][x]):
+        for y in ys:
+            ax.plot([float(r[x]) for r in rows], [float(r[y]) if _is_number(r[y]) else float("nan") for r in rows], label=y)
+        ax.legend(fontsize="small")
+    else:
+        ax.barh([r[x] for r in rows], [float(r[ys[0]]) for r in rows])
+    ax.set_xlabel(x if _is_number(rows[0][x]) else ys[0])
+    ax.set_title(Path(csv_path).stem)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(out_dir) / f"{Path(csv_path).stem}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
 
 
 def _param_value(value) -> str:

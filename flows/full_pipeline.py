@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +27,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from envace import tracking
 from envace.config import load_params
+from envace.gates import DATA_DOCS, GATE_RUNS
 from envace.project import is_root, project_dvc_yaml
 
 # stage -> (artifact key, report file): the stages whose result is a gate decision.
@@ -137,27 +139,43 @@ def _stage_params(spec: dict, params: dict) -> dict:
     return out
 
 
+def _stage_files(spec: dict, root: Path, folder: str) -> list[Path]:
+    """The stage's declared output files under `folder` (metrics/, reports/) that exist."""
+    paths = [root / (entry if isinstance(entry, str) else next(iter(entry)))
+             for entry in spec.get("outs", []) + spec.get("metrics", [])]
+    return [p for p in paths if p.is_file() and p.relative_to(root).parts[0] == folder]
+
+
 def _stage_metrics(spec: dict, root: Path) -> dict:
+    """A handful per stage: the top-level numbers of its metrics files (the detail per tool,
+    task type or step stays in the file, which the stage's run keeps as an artifact)."""
     out = {}
-    for entry in spec.get("metrics", []):
-        path = root / (entry if isinstance(entry, str) else next(iter(entry)))
-        if path.exists():
-            out.update(tracking.flatten(json.loads(path.read_text()), numbers_only=True))
+    for path in _stage_files(spec, root, "metrics"):
+        out.update({k: float(v) for k, v in json.loads(path.read_text()).items() if isinstance(v, (int, float))})
     return out
+
+
+def _timings(root: Path, stage: str, ran: bool) -> dict:
+    """The wall clock the stage recorded this time (`timings/<stage>.json`, kept out of git)."""
+    path = root / "timings" / f"{stage}.json"
+    return tracking.flatten(json.loads(path.read_text()), numbers_only=True) if ran and path.exists() else {}
 
 
 def _publish_report(stage: str, root: Path) -> None:
     """A gate's report (always: a missing one says so) or a result's report (when written) as
     a Prefect markdown artifact of the running task."""
     name = stage.split("@")[0]
+    runs = root / GATE_RUNS
+    link = f"\n\nGreat Expectations Data Docs, every gate's runs: [{runs}]({runs.as_uri()})\n" if runs.exists() else ""
     if name in GATES:
         key, report = GATES[name]
         path = root / report
         body = path.read_text() if path.exists() else f"# {stage}\n\nNo report was written."
-        create_markdown_artifact(body, key=key, description=f"{stage} gate result")
+        create_markdown_artifact(body + link, key=key, description=f"{stage} gate result")
     elif name in REPORTS and (root / REPORTS[name][1]).exists():
         key, report = REPORTS[name]
-        create_markdown_artifact((root / report).read_text(), key=key, description=f"{stage} results")
+        create_markdown_artifact((root / report).read_text() + (link if name == "register" else ""), key=key,
+                                 description=f"{stage} results")
 
 
 def _record_gate(stage: str, root: Path, summary: dict) -> None:
@@ -181,6 +199,8 @@ def flow_run_name() -> str:
 def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
     """Run the stages of the pipeline through DVC, all of them or up to `until` (a stage
     name; a `foreach` stage's name covers all its items); returns a summary per stage."""
+    import mlflow
+
     logger = get_run_logger()
     root = Path(project_dir).resolve()
     loaded = load_params(root / "params.yaml")  # fails fast, naming any bad key
@@ -209,14 +229,20 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
                     result = reproduce(stage, root, run.info.run_id, known_fresh)
                 except StageError:
                     _record_gate(stage, root, summary)
-                    tracking.log_to_run(params, _stage_metrics(spec, root), {"status": "failed"})
+                    tracking.log_to_run(params, _stage_metrics(spec, root), {"status": "failed"},
+                                        _stage_files(spec, root, "reports"))  # why a gate failed
                     raise
                 lock = _read_lock(root).get(stage, {})
                 hashes = {f"dvc.out.{o['path']}": o.get("md5", "") for o in lock.get("outs", [])}
-                metrics = {**_stage_metrics(spec, root), "stage_seconds": result["seconds"],
-                           "stage_ran": float(result["ran"])}
-                tracking.log_to_run(params, metrics, {"status": "ok", **hashes},
-                                    [root / GATES[stage][1]] if stage in GATES else [])
+                metrics = {**_stage_metrics(spec, root), **_timings(root, stage, result["ran"]),
+                           "stage_seconds": result["seconds"], "stage_ran": float(result["ran"])}
+                with tempfile.TemporaryDirectory() as tmp:  # its curves as PNGs (unless the stage drew its own)
+                    drawn = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+                    pngs = [tracking.csv_png(p, Path(tmp)) for p in _stage_files(spec, root, "plots")
+                            if p.suffix == ".csv" and f"{p.stem}.png" not in drawn]
+                    tracking.log_to_run(params, metrics, {"status": "ok", **hashes},
+                                        _stage_files(spec, root, "metrics") + _stage_files(spec, root, "reports")
+                                        + [p for p in pngs if p])
             _record_gate(stage, root, summary)
             summary["stages"][stage] = result | {"mlflow_run_id": run.info.run_id}
             logger.info("%s: %s in %.1fs", stage, "ran" if result["ran"] else "up to date", result["seconds"])
@@ -232,21 +258,14 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
 
 def _summarise_in_parent(root: Path, parent, summary: dict) -> None:
     """The parent run shows the pipeline at a glance: data version, gate verdicts, each
-    variant's success (runs table columns), and `stages.md` linking every stage's run."""
+    variant's success (runs table columns: the headline of `metrics/summary.json`, from the
+    stages this run covered), and `stages.md` linking every stage's run."""
     import mlflow
 
     from envace.stages.register import data_version
+    from envace.stages.summary import headline
 
-    metrics = {}
-    for stage, name in (("validate_data", "data_gate_passed"), ("rehearsal_gate", "rehearsal_gate_passed")):
-        if stage in summary["gates"]:
-            metrics[name] = float(summary["gates"][stage].endswith("PASSED"))
-    rehearsal, evaluation = root / "metrics/rehearsal.json", root / "metrics/eval.json"
-    if "rehearsal_gate" in summary["stages"] and rehearsal.exists():
-        metrics["rehearsal_exact"] = json.loads(rehearsal.read_text())["overall"]
-    if "evaluate" in summary["stages"] and evaluation.exists():
-        for variant, v in json.loads(evaluation.read_text()).get("variants", {}).items():
-            metrics[f"success_{variant}"] = v["success"]
+    metrics = {k: float(v) for k, v in headline(root, {s.split("@")[0] for s in summary["stages"]}).items()}
     rows = [f"| {stage} | {'ran' if r['ran'] else 'up to date'} | {r['seconds']:.1f} | "
             f"[{r['mlflow_run_id']}](#/experiments/{parent.info.experiment_id}/runs/{r['mlflow_run_id']}) |"
             for stage, r in summary["stages"].items()]
@@ -255,6 +274,9 @@ def _summarise_in_parent(root: Path, parent, summary: dict) -> None:
     mlflow.set_tags({"data_version": data_version(root / "dvc.lock"),
                      **{f"gate.{stage}": verdict for stage, verdict in summary["gates"].items()}})
     mlflow.log_text(f"# Stages of {parent.info.run_name}\n\n{table}\n", "stages.md")
+    ran_a_gate = any(s.split("@")[0] in (*GATES, "register") for s, r in summary["stages"].items() if r["ran"])
+    if ran_a_gate and (root / DATA_DOCS).exists():
+        mlflow.log_artifacts(str((root / DATA_DOCS).parent), "data_docs")  # the gates' Data Docs, as built
 
 
 def _prefect_run() -> dict:
@@ -275,6 +297,8 @@ def _link_mlflow_run(root: Path, run) -> None:
     url = f"{mlflow_ui}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
     create_link_artifact(url, link_text=f"MLflow run {run.info.run_name}", key="mlflow-run",
                          description=f"the pipeline's MLflow parent run {run.info.run_id} (store {tracking.tracking_uri(root)})")
+    create_link_artifact(tracking.runs_view_url(mlflow_ui, run.info.experiment_id), link_text="MLflow runs: headline",
+                         key="mlflow-runs", description="every run's headline numbers as columns (saved view)")
 
 
 @task(name="dvc-push")

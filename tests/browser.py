@@ -187,9 +187,10 @@ def _experiment_id(base_url: str, name: str) -> str:
 
 def check_mlflow_ui(base_url: str, experiment_name: str, run_names: list[str], model_name: str,
                     alias: str, out_dir: Path, deadline_s: float = 90,
-                    trace: tuple[str, list[str]] | None = None) -> dict:
+                    trace: tuple[str, list[str]] | None = None, runs_query: str = "") -> dict:
     """Render an MLflow 3 tracking server's UI and check what it shows:
-    - the experiment's runs page (`#/experiments/<id>/runs`) lists every run in `run_names`;
+    - the experiment's runs page (`#/experiments/<id>/runs`, plus `runs_query`) lists every run in
+      `run_names` (and any column name passed there);
     - the registered model's page (`#/models/<name>`) shows the model name and `alias`;
     - with `trace` (trace id, span names), the trace view (`#/experiments/<id>/traces/<trace id>`)
       shows those spans;
@@ -201,7 +202,7 @@ def check_mlflow_ui(base_url: str, experiment_name: str, run_names: list[str], m
     out_dir.mkdir(parents=True, exist_ok=True)
     exp_id = _experiment_id(base_url, experiment_name)
     pages = {
-        "experiment": (f"{base_url}/#/experiments/{exp_id}/runs", [experiment_name, *run_names]),
+        "experiment": (f"{base_url}/#/experiments/{exp_id}/runs{runs_query}", [experiment_name, *run_names]),
         "model": (f"{base_url}/#/models/{urllib.parse.quote(model_name, safe='')}", [model_name, alias]),
     }
     if trace is not None:

@@ -55,7 +55,7 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
 
     variants = ["train@sft", "train@real_env", "train@simulator", "train@envace"]
     assert list(summary["stages"]) == ["collect", "prepare", "validate_data", "base_model", "warmup", "rehearsal_gate", *variants,
-                                       "evaluate", "rehearse", "register"]
+                                       "evaluate", "rehearse", "register", "summary"]
     assert all(s["ran"] for s in summary["stages"].values())
     data = json.loads((project / "metrics/data.json").read_text())
     assert data["passed"] is True and data["domains"] == ["bank", "files", "trading"]
@@ -81,9 +81,18 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
     assert 0 < collect.metrics["demonstrator_success"] < 1
     assert collect.tags["dvc.out.data/raw/episodes.jsonl"] == {o["path"]: o["md5"] for o in lock["collect"]["outs"]}["data/raw/episodes.jsonl"]
     assert children["validate_data"].data.metrics["passed"] == 1.0
+    # one naming style, no duplicates, nothing constant by design (kl at kl_coef 0, clip_frac at 1 PPO epoch)
+    grpo = children["train@envace"].data.metrics
+    assert {"train/reward", "train/success", "wall_s", "steps"} <= set(grpo)
+    assert not {"reward", "train/kl", "train/clip_frac", "train/real_calls"} & set(grpo)
+    assert "real.success" not in children["warmup"].data.metrics and "real_success" in children["warmup"].data.metrics
+    assert not [k for c in children.values() for k in c.data.params if "/" in k]  # params: section.key only
 
     # each gate's result is a Prefect markdown artifact
     assert _artifact("data-gate").data.startswith("# Data validation: PASSED")
+    assert "gx/uncommitted/data_docs/local_site/gates.html" in _artifact("rehearsal-gate").data  # Data Docs linked
+    kept = {p.name for p in (project / "gx/expectations").iterdir() if p.is_dir()}  # <gate>/<table>.json suites
+    assert kept == {"validate_data", "rehearsal_gate"}  # the promotion suite runs once there is a champion
     assert _artifact("rehearsal-gate").data.startswith("# Rehearsal gate: PASSED")
     assert json.loads((project / "metrics/rehearsal.json").read_text())["passed"] is True
     # every variant evaluated in the real backends, one top-level MLflow run each (tagged with the stage's run)
@@ -125,9 +134,19 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
     _check_prefect_views(parents[0], children)
     # the parent run is the pipeline at a glance: gates, each variant's success, data version, stage links
     head = parents[0].data
-    assert head.metrics["data_gate_passed"] == 1.0 and head.metrics["rehearsal_gate_passed"] == 1.0
-    assert {f"success_{v}" for v in evaluated} <= set(head.metrics)
-    assert head.metrics["success_envace"] == evaluated["envace"]["success"] and len(head.tags["data_version"]) == 32
+    assert head.metrics["data_ok"] == 1.0 and head.metrics["gate_ok"] == 1.0  # the headline of metrics/summary.json
+    assert set(evaluated) <= set(head.metrics)
+    assert head.metrics["envace"] == round(evaluated["envace"]["success"], 4) and len(head.tags["data_version"]) == 32
+    headline = json.loads((project / "metrics/summary.json").read_text())  # what `dvc metrics show` prints
+    assert headline == {"rehearsal": round(json.loads((project / "metrics/rehearsal.json").read_text())["overall"], 4),
+                        **{v: round(r["success"], 4) for v, r in evaluated.items()}, "real_calls": 0, "version": 1}
+    assert all(head.metrics[k] == float(v) for k, v in headline.items())
+    logged = {a.path for a in mlflow.MlflowClient().list_artifacts(children["register"].info.run_id)}
+    assert {"register.json", "register.md"} <= logged  # each stage run keeps its metrics file and report
+    drawn = {a.path for a in mlflow.MlflowClient().list_artifacts(children["warmup"].info.run_id)}
+    assert {"warmup.json", "warmup_steps.png", "warmup_epochs.png"} <= drawn  # and its curves as PNGs
+    on_parent = {a.path for a in mlflow.MlflowClient().list_artifacts(parents[0].info.run_id, "data_docs")}
+    assert {"data_docs/index.html", "data_docs/gates.html"} <= on_parent  # the gates' Data Docs, logged
     stages_md = mlflow.MlflowClient().download_artifacts(parents[0].info.run_id, "stages.md")
     assert all(c.info.run_id in Path(stages_md).read_text() for c in children.values())
 

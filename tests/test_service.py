@@ -108,6 +108,7 @@ def test_served_deployment_runs_the_pipeline_registers_and_survives_a_kill(tmp_p
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    from envace import tracking
     from tests.browser import check_mlflow_ui
 
     project = make_project(tmp_path / "project")
@@ -163,13 +164,15 @@ def test_served_deployment_runs_the_pipeline_registers_and_survives_a_kill(tmp_p
         done, _ = service.trigger()
         assert done.returncode == 0, done.stdout[-3000:]
         summary = service.prefect("artifact", "inspect", "pipeline-summary").stdout
-        assert "Retrained: evaluate, register ran" in summary
+        assert "Retrained: evaluate, register, summary ran" in summary
         assert str(client.get_model_version_by_alias("envace-agent", "challenger").version) == "2"
         assert str(client.get_model_version_by_alias("envace-agent", "champion").version) == "1"
 
         # the browser: the served MLflow UI shows the variants' runs and the champion alias
-        check_mlflow_ui(service.mlflow, "envace", ["eval-sft", "eval-real_env", "eval-simulator", "eval-envace"],
-                        "envace-agent", "champion", tmp_path / "screenshots")
+        check_mlflow_ui(service.mlflow, "envace", ["eval-sft", "eval-real_env", "eval-simulator", "eval-envace",
+                                                   "success", "rehearsal"],  # metric columns, shown
+                        "envace-agent", "champion", tmp_path / "screenshots",  # by the flow's saved view
+                        runs_query=f"?viewStateShareKey={tracking.VIEW}")
 
         # kill -9 the service, restart it: the stores are intact and the deployment runs again
         service.stop(signal.SIGKILL)
@@ -228,10 +231,17 @@ def test_challenger_becomes_champion_only_when_better(tmp_path, prepared_dir, mo
     costly = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d3"}, 120)
     assert not costly.promoted and "no more real calls in training" in costly.reason
     assert [e["success"] for e in costly.expectations] == [True, True, False]
-    better = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d4"}, 0)
+    better = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d4"}, 0,
+                      params={"train": {"steps": 3, "lr": 0.001}})
     assert better.promoted and str(client.get_model_version_by_alias("agent", "champion").version) == "4"
-    assert client.get_model_version("agent", "4").tags["data_version"] == "d4"
-    assert client.get_model_version("agent", "4").tags["real_env_calls_train"] == "0"
+    version = client.get_model_version("agent", "4")
+    assert version.tags["data_version"] == "d4" and version.tags["real_env_calls_train"] == "0"
+    # the MLflow 3 logged model shows its success on the test set (the data version its digest) and its params
+    logged = mlflow.get_logged_model(version.source.removeprefix("models:/"))  # the version's source: models:/<id>
+    assert [(m.key, m.value, m.dataset_name, m.dataset_digest) for m in logged.metrics] == [("success", 0.5, "test", "d4")]
+    assert logged.params == {"train.steps": "3", "train.lr": "0.001"}
+    params_file = client.download_artifacts(better.run_id, "params.yaml")
+    assert "steps: 3" in Path(params_file).read_text()
 
 
 def test_a_champion_with_unknown_training_calls_is_not_replaced_blindly():

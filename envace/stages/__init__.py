@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Callable
 
-STAGES = ("collect", "prepare", "validate_data", "base_model", "warmup", "rehearsal_gate", "train", "evaluate", "rehearse", "register")  # dvc.yaml order
+STAGES = ("collect", "prepare", "validate_data", "base_model", "warmup", "rehearsal_gate", "train", "evaluate", "rehearse", "register", "summary")  # dvc.yaml order
 
 
 class StageFailed(RuntimeError):

@@ -7,7 +7,7 @@ facts); and the real-backend calls it made in training. One MLflow run per varia
 
 Writes `metrics/eval.json` ({"backend": "python" | "mcp" | "none", "available", "variants": {name:
 {"success", "ci_low", "ci_high", "n", "real_env_calls_train", ...}}}) and the comparison table
-`reports/eval.md`. A logs-only domain cannot be played for real: the file says so
+`reports/eval.md` and `plots/eval.csv` (success per variant). A logs-only domain cannot be played for real: the file says so
 (`"available": false` and the reason) and holds no variant.
 """
 
@@ -19,12 +19,14 @@ from pathlib import Path
 
 from envace.config import Params
 from envace.data.splits import spread
-from envace.io import read_jsonl, write_json, write_text
+from envace.io import read_jsonl, write_csv, write_json, write_text
 from envace.paths import EVAL_METRICS, PREPARED, TRAIN_METRICS, TRAIN_MODELS
 from envace.stages import StageFailed
 
 METRICS = EVAL_METRICS
 REPORT = Path("reports/eval.md")
+PLOT = Path("plots/eval.csv")  # success per variant, a bar chart in `dvc plots show`
+PLOT_FIELDS = ["variant", "success", "ci_low", "ci_high"]
 
 
 def run(params: Params) -> dict[str, Path]:
@@ -46,6 +48,7 @@ def run(params: Params) -> dict[str, Path]:
     if why_not:  # logs only: say so, never fake a real evaluation
         summary = {"backend": "none", "available": False, "reason": why_not, "variants": {}, "n_tasks": 0}
         write_json(METRICS, summary)
+        write_csv(PLOT, [], PLOT_FIELDS)
         write_text(REPORT, f"# Evaluation\n\nReal-environment evaluation was not possible: {why_not}.\n")
         print(f"evaluate: not possible: {why_not}", flush=True)
         return {"metrics": METRICS, "report": REPORT}
@@ -60,6 +63,7 @@ def run(params: Params) -> dict[str, Path]:
               f"tasks; real-backend calls in training {r['real_env_calls_train']}", flush=True)
     summary = {"backend": backend_kind(tasks), "available": True, "variants": results, "n_tasks": len(tasks)}
     write_json(METRICS, summary)
+    write_csv(PLOT, [{"variant": name, **{k: r[k] for k in PLOT_FIELDS[1:]}} for name, r in results.items()], PLOT_FIELDS)
     write_text(REPORT, report(summary))
     _log_runs(summary, params)
     return {"metrics": METRICS, "report": REPORT}
@@ -130,13 +134,22 @@ def report(summary: dict) -> str:
 
 
 def _log_runs(summary: dict, params: Params) -> None:
+    """One top-level run per variant: its headline numbers as metrics (the runs table's columns),
+    the breakdowns (per domain, per task type, failed steps) as MLflow tables, the report."""
+    import mlflow
+    import pandas as pd
+
     from envace.tracking import flatten, log_to_run, variant_run
 
     for name, r in summary["variants"].items():
         with variant_run(f"eval-{name}", {"variant": name, "stage": "evaluate"}):
             log_to_run({"variant": name, **flatten(params.train.model_dump(), "train.")},
-                       flatten({k: v for k, v in r.items() if k != "failed_steps"}, numbers_only=True), {},
-                       [REPORT])
+                       {k: float(v) for k, v in r.items() if isinstance(v, (int, float))}, {}, [REPORT])
+            for breakdown, column, value in (("per_domain", "domain", "success"), ("per_task_type", "task_type", "success"),
+                                             ("failed_steps", "step", "episodes")):
+                if r.get(breakdown):
+                    mlflow.log_table(pd.DataFrame({column: list(r[breakdown]), value: list(r[breakdown].values())}),
+                                     f"{breakdown}.json")
 
 
 if __name__ == "__main__":

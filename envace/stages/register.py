@@ -53,7 +53,7 @@ def run(params: Params) -> dict[str, Path]:
               "max_seq_len": params.model.max_seq_len, "memory_episodes": params.roles.memory_episodes,
               "domains": [str(Path(d).resolve()) if Path(d).is_dir() else d for d in params.collect.domains]}
     result = registry.register(model_dir, evaluated["success"], tasks, config, cfg.model_name, version_tags(params),
-                               evaluated["real_env_calls_train"])
+                               evaluated["real_env_calls_train"], params.model_dump())
     write_json(METRICS, result.to_dict())
     write_text(REPORT, report(result))
     print(f"register: {cfg.model_name} v{result.version} is challenger; "
@@ -62,10 +62,10 @@ def run(params: Params) -> dict[str, Path]:
 
 
 def version_tags(params: Params) -> dict[str, str]:
-    """Where a version came from: data version (dvc.lock), git commit, params."""
+    """Where a version came from: data version (dvc.lock), git commit, the params' md5."""
     dumped = json.dumps(params.model_dump(), sort_keys=True)
     return {"data_version": data_version(), "git_commit": git_commit(), "params_md5": hashlib.md5(dumped.encode()).hexdigest(),
-            "params": dumped[:5000], "variant": params.registry.variant}
+            "variant": params.registry.variant}  # the params themselves: `params.yaml` on the version's run
 
 
 def data_version(lock: Path = Path("dvc.lock")) -> str:

@@ -43,7 +43,7 @@ def run(params: Params) -> dict[str, Path]:
     shown = rehearsal_accuracy(policy, test, privileged=True, max_new_tokens=cap)
     hidden = rehearsal_accuracy(policy, test, privileged=False, max_new_tokens=cap)
     table = tool_table(shown["per_tool"], offered, cfg)
-    results = run_checks({"tools": table}, checks(cfg), cfg.max_examples)
+    results = run_checks({"tools": table}, checks(cfg), cfg.max_examples, gate="rehearsal_gate")
     passed = all(r["success"] for r in results)
     detail = {t: shown["per_tool"].get(t, {"exact": 0.0, "field": 0.0, "n": 0}) for t in sorted(offered | set(shown["per_tool"]))}
     summary = {

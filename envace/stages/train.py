@@ -2,8 +2,9 @@
 
 `python -m envace.stages.train --variant envace` (also `real_env`, `simulator`): the same
 number of updates for every variant; `sft` is the warmup model itself and trains nothing.
-Writes models/train/<variant> and metrics/train/<variant>.json (per-step telemetry, the
-real-backend calls made in training). `envace` asserts it made none.
+Writes models/train/<variant>, metrics/train/<variant>.json (per-step telemetry, the
+real-backend calls made in training) and plots/train/<variant>.csv (reward and success per
+step); its wall clock goes to timings/train@<variant>.json. `envace` asserts it made no real call.
 
 A checkpoint is written after every step (`checkpoints/train/<variant>/last.ckpt`); a run
 killed mid-training resumes from it when started again with the same params and warmup
@@ -19,11 +20,12 @@ import time
 from pathlib import Path
 
 from envace.config import Params
-from envace.io import read_jsonl, write_json
+from envace.io import read_jsonl, write_csv, write_json, write_timings
 from envace.paths import PREPARED, TRAIN_METRICS, TRAIN_MODELS, WARMUP_MODEL
 from envace.stages import StageFailed
 
 MODELS, METRICS = TRAIN_MODELS, TRAIN_METRICS
+PLOTS = Path("plots/train")  # one curve per variant
 CHECKPOINTS = Path("checkpoints/train")
 
 
@@ -55,6 +57,7 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     if variant == "sft":
         save(model, tokenizer, out_dir)
         write_json(metrics_path, {"variant": variant, "steps": 0, "real_env_calls_train": 0, "history": []})
+        write_curve(variant, [])
         return {"model": out_dir, "metrics": metrics_path}
 
     episodes = list(read_jsonl(PREPARED / "train.jsonl"))
@@ -64,6 +67,7 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
         save(model, tokenizer, out_dir)
         write_json(metrics_path, {"variant": variant, "steps": 0, "real_env_calls_train": 0, "history": [],
                                   "skipped": why_not})
+        write_curve(variant, [])
         print(f"train[real_env]: skipped: {why_not}", flush=True)
         return {"model": out_dir, "metrics": metrics_path}
     simulator = None
@@ -79,9 +83,8 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
                         enable_model_summary=False)
     resume = resumable(ckpt_dir, fingerprint(params, ("train", "rollout", "roles", "model", "trainer"), [WARMUP_MODEL]),
                        f"train[{variant}]", prepare=trainer.is_global_zero)
-    taught = {}
     if cfg.memory_examples and resume is None:  # every RL variant starts alike, so the comparison stays fair
-        taught = supervised_start(policy, episodes, params, variant)  # every rank alike: the same weights
+        module.supervised_start = supervised_start(policy, episodes, params, variant)  # every rank alike
     trainer.fit(module, torch.utils.data.DataLoader(range(cfg.steps), batch_size=1), ckpt_path=resume)
     if not trainer.is_global_zero:  # the other ranks' work ends with training; rank 0 writes
         return {}
@@ -94,13 +97,22 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     save(model, tokenizer, out_dir)
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     write_json(metrics_path, {"variant": variant, "steps": cfg.steps, "real_env_calls_train": module.real_calls,
-                              "wall_s": round(time.perf_counter() - start, 1), "ranks": trainer.world_size,
-                              "rank_divergence": module.rank_divergence, "supervised_start": taught,
+                              "ranks": trainer.world_size,
+                              "rank_divergence": module.rank_divergence, "supervised_start": module.supervised_start,
                               "history": module.history})
+    write_curve(variant, module.history)
+    write_timings(f"train@{variant}", {"wall_s": round(time.perf_counter() - start, 1),
+                                       "tokens_per_s": [round(s, 1) for s in module.tokens_per_s]})
     last = module.history[-1] if module.history else {}
     print(f"train[{variant}]: {cfg.steps} steps in {time.perf_counter() - start:.0f}s; last reward "
           f"{last.get('reward', 0):.3f}, real-backend calls {module.real_calls}", flush=True)
     return {"model": out_dir, "metrics": metrics_path}
+
+
+def write_curve(variant: str, history: list[dict]) -> None:
+    """The variant's reward and success per step, as a DVC plot (`plots/train/<variant>.csv`)."""
+    fields = ["step", "reward", "success"]
+    write_csv(PLOTS / f"{variant}.csv", [{k: h[k] for k in fields} for h in history], fields)
 
 
 def supervised_start(policy, episodes: list[dict], params: Params, variant: str) -> dict:

@@ -29,7 +29,7 @@ def run(params: Params) -> dict[str, Path]:
     if missing:
         raise StageFailed(f"missing prepared file(s): {', '.join(f'{PREPARED}/{s}.jsonl' for s in missing)}; run prepare first")
     tables = build_tables(PREPARED, params)
-    results = run_checks(tables, checks(params), params.validate_data.max_examples)
+    results = run_checks(tables, checks(params), params.validate_data.max_examples, gate="validate_data")
     episodes = tables["episodes"]
     passed = all(r["success"] for r in results)
     summary = {

@@ -13,7 +13,7 @@ adapters train. Runs where `trainer` says (devices, DDP, precision): `warmup.bat
 is the global batch, split across ranks (`train.data.collate`), and only rank 0 writes.
 
 Writes `models/warmup/` (safetensors + tokenizer; adapters for LoRA), `metrics/warmup.json`
-({"epochs", "wall_s", "real_success", ...}), training curves as DVC plots
+({"epochs", "real_success", ...}; the wall clock in `timings/warmup.json`), training curves as DVC plots
 (`plots/warmup_steps.csv`, `plots/warmup_epochs.csv`). Curves go to MLflow (the flow's stage
 run when the flow runs it).
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from envace.config import Params
 from envace.data.splits import spread
-from envace.io import read_jsonl, write_csv, write_json
+from envace.io import read_jsonl, write_csv, write_json, write_timings
 from envace.paths import BASE_MODEL, PREPARED, WARMUP_MODEL
 from envace.stages import StageFailed
 
@@ -101,6 +101,7 @@ def run(params: Params) -> dict[str, Path]:
     module = WarmupModule(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, len(loader) * cfg.max_epochs, cfg.lambda_env,
                           cfg.min_lr_ratio, policy)
     epochs: list[dict] = []
+    epoch_seconds: list[float] = []  # wall clock at each epoch's end (timings, not tracked metrics)
     clock = {"start": time.perf_counter()}  # moved back by the time a resumed run had already spent
     seconds = lambda: time.perf_counter() - clock["start"]  # noqa: E731
     stopped = {"yes": False}  # the gate stopped training (a resumed run must not train on)
@@ -151,8 +152,8 @@ def run(params: Params) -> dict[str, Path]:
             if passes and epoch >= cfg.min_epochs:
                 confirmed = gate_status(confirm, gate.min_tool_examples)[2] if check is not confirm else passes
             epochs.append({"epoch": epoch, "val_rehearsal_exact": acc["exact"], "val_rehearsal_field": acc["field"],
-                           "val_min_core_tool": min(core.values(), default=0.0),
-                           "seconds": round(seconds(), 1)})
+                           "val_min_core_tool": min(core.values(), default=0.0)})
+            epoch_seconds.append(round(seconds(), 1))
             pl_module.log_dict({"val/rehearsal_exact": acc["exact"], "val/min_core_tool": epochs[-1]["val_min_core_tool"]})
             weakest = min(core, key=core.get, default="-")
             if trainer.is_global_zero:
@@ -168,10 +169,11 @@ def run(params: Params) -> dict[str, Path]:
 
         def state_dict(self):
             return {"epochs": epochs, "before": before, "rng": rng.getstate(), "torch_rng": torch.get_rng_state(),
-                    "seconds": seconds(), "stopped": stopped["yes"]}
+                    "seconds": seconds(), "epoch_seconds": epoch_seconds, "stopped": stopped["yes"]}
 
         def load_state_dict(self, state):
             epochs[:] = state["epochs"]
+            epoch_seconds[:] = state["epoch_seconds"]
             before.update(state["before"])
             rng.setstate(state["rng"])
             torch.set_rng_state(state["torch_rng"])
@@ -206,10 +208,11 @@ def run(params: Params) -> dict[str, Path]:
     after, real = skills()
     write_csv(EPOCH_PLOT, epochs)
     write_json(METRICS, {
-        "epochs": len(epochs), "wall_s": round(wall, 1), "real_success": real["success"], "real": real,
+        "epochs": len(epochs), "real_success": real["success"], "real": real,
         "per_epoch": epochs, "stopped_by": "gate" if len(epochs) < cfg.max_epochs else "max_epochs",
         "ranks": trainer.world_size, "train_episodes": len(train), "before": before, "after": after,
     })
+    write_timings("warmup", {"wall_s": round(wall, 1), "epoch_seconds": epoch_seconds})
     real_text = (f"ACT greedy real success {before.get('real_success') or 0:.3f} -> {real['success']:.3f} on {real['n']} "
                  f"held-out tasks; ACT outputs parsed {before.get('act_parse_rate') or 0:.2f} -> {after['act_parse_rate']:.2f}"
                  if real["success"] is not None else f"ACT's real success not measured: {no_real}")

@@ -161,6 +161,8 @@ class GRPOModule(L.LightningModule):
             self.scouts = EpisodeRunner(policy, scout, rollout, temperature=cfg.temperature)
         self.real_calls = 0
         self.history: list[dict] = []
+        self.tokens_per_s: list[float] = []  # rollout speed per step
+        self.supervised_start: dict = {}  # ACT's supervised start before step 0 (envace.stages.train)
         self.rank_divergence = 0.0
         object.__setattr__(self, "replica", None)  # FSDP: what generates (not a submodule: never trained)
 
@@ -255,11 +257,21 @@ class GRPOModule(L.LightningModule):
         metrics = {
             "reward": reward / n, "success": success / n, "adv_act_abs": adv_act / n, "adv_rehearse_abs": adv_reh / n,
             "kl": kl, "clip_frac": clipped / max(1.0, tokens), "loss": loss, "leak_rate": leaks / max(1.0, acts),
-            "real_calls": float(self.real_calls), "tokens_per_s": generated / gen_s,
+            "real_calls": float(self.real_calls),
         }
         self.history.append({"step": step, **{k: round(v, 4) for k, v in metrics.items()}})
-        self.log_dict({f"train/{k}": v for k, v in metrics.items()}, prog_bar=False, batch_size=len(episodes))
-        self.log("reward", metrics["reward"], prog_bar=True, batch_size=len(episodes))
+        self.tokens_per_s.append(generated / gen_s)  # a timing: logged, not kept in the tracked history
+        logged = {f"train/{k}": v for k, v in {**metrics, "tokens_per_s": generated / gen_s}.items()
+                  if k not in self.constant_by_design()}
+        self.log("train/reward", logged.pop("train/reward"), prog_bar=True, batch_size=len(episodes))
+        self.log_dict(logged, prog_bar=False, batch_size=len(episodes))
+
+    def constant_by_design(self) -> set[str]:
+        """Telemetry that cannot move under this configuration (not logged to MLflow: a flat
+        zero is noise there; the step history keeps every key)."""
+        return ({"kl"} if self.cfg.kl_coef == 0 else set()) | \
+            ({"clip_frac"} if self.cfg.ppo_epochs == 1 else set()) | \
+            ({"real_calls"} if self.variant != "real_env" else set())
 
     def on_train_end(self) -> None:
         self.refresh()
@@ -267,10 +279,13 @@ class GRPOModule(L.LightningModule):
         self.rank_divergence = rank_divergence(self, weights)  # 0.0: every rank ends with the same weights
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["grpo"] = {"history": self.history, "real_calls": self.real_calls}
+        checkpoint["grpo"] = {"history": self.history, "real_calls": self.real_calls, "tokens_per_s": self.tokens_per_s,
+                              "supervised_start": self.supervised_start}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.history, self.real_calls = checkpoint["grpo"]["history"], checkpoint["grpo"]["real_calls"]
+        state = checkpoint["grpo"]
+        self.history, self.real_calls, self.tokens_per_s = state["history"], state["real_calls"], state["tokens_per_s"]
+        self.supervised_start = state["supervised_start"]
 
     # ---------------------------------------------------------------- data parallelism
 
