@@ -124,10 +124,13 @@ class Registration:
         return asdict(self)
 
 
-def log_agent(model_dir: Path, config: dict, run_name: str, tags: dict[str, str]):
+def log_agent(model_dir: Path, config: dict, run_name: str, tags: dict[str, str], example: dict | None = None):
     """Log the agent as a pyfunc model into a new run (nested under the flow's stage run
     when there is one); returns (run_id, model_uri). LoRA adapters travel with their base
-    checkpoint and domain folders with their files, so the registered model loads anywhere."""
+    checkpoint and domain folders with their files, so the registered model loads anywhere.
+    `example`, a task, is the model's input example (MLflow checks it by playing it once)."""
+    import pandas as pd
+
     import envace
     from envace import tracking
     from envace.model import BASE_REFERENCE
@@ -143,7 +146,8 @@ def log_agent(model_dir: Path, config: dict, run_name: str, tags: dict[str, str]
             info = mlflow.pyfunc.log_model(
                 name="agent", python_model=EnvaceAgent(), artifacts=artifacts,
                 model_config=config, code_paths=[str(Path(envace.__file__).parent)], signature=signature(),
-                pip_requirements=_requirements())
+                pip_requirements=_requirements(),
+                input_example=None if example is None else pd.DataFrame({"task": [json.dumps(example)]}))
     return run.info.run_id, info.model_uri
 
 
@@ -190,7 +194,8 @@ def register(model_dir: Path, success: float, tasks: list[dict], config: dict, m
     from envace.gates.promotion import checks, comparison
 
     client = MlflowClient()
-    run_id, model_uri = log_agent(model_dir, config, f"register-{model_name}", {"stage": "register"})
+    run_id, model_uri = log_agent(model_dir, config, f"register-{model_name}", {"stage": "register"},
+                                  example=tasks[0] if tasks else None)
     describe_logged_model(run_id, model_uri, success, tasks, tags.get("data_version"), params or {})
     try:
         client.get_registered_model(model_name)
