@@ -108,3 +108,18 @@ def prepared_dir(tmp_path_factory):
     finally:
         os.chdir(cwd)
     return root
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Debian's chromium for the browser checks (installed when missing); `make test` requires it
+    (ENVACE_REQUIRE_BROWSER=1), a bare `pytest` skips those checks without it."""
+    from tests.browser import install_chromium
+
+    binary = install_chromium()
+    if binary is None:
+        msg = "chromium is not installed and cannot be installed (apt-get install -y chromium)"
+        if os.environ.get("ENVACE_REQUIRE_BROWSER") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return binary

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import check_mlflow_ui, install_chromium
+from tests.browser import check_mlflow_ui
 from tests.conftest import mlflow_at
 
 EXPERIMENT = "envace"
@@ -27,17 +27,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    binary = install_chromium()
-    if binary is None:
-        msg = "chromium is not installed and cannot be installed (apt-get install -y chromium)"
-        if os.environ.get("ENVACE_REQUIRE_BROWSER") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return binary
 
 
 @pytest.fixture

@@ -4,13 +4,11 @@ project's file context, and its Data Docs are built offline and readable in a br
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pandas as pd
-import pytest
 
-from tests.browser import install_chromium, png_size, render, visible_text
+from tests.browser import png_size, render, visible_text
 
 
 def _checks():
@@ -40,17 +38,6 @@ def test_a_named_gate_keeps_its_results_and_builds_data_docs(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path / "gx")
     run_checks({"tools": pd.DataFrame({"exact": [0.9], "where": ["a"]})}, _checks())
     assert not (tmp_path / "gx/gx").exists()
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    binary = install_chromium()
-    if binary is None:
-        msg = "chromium is not installed and cannot be installed (apt-get install -y chromium)"
-        if os.environ.get("ENVACE_REQUIRE_BROWSER") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return binary
 
 
 def test_data_docs_show_every_gate_run_offline_in_a_browser(chromium, tmp_path, monkeypatch):

@@ -10,9 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from tests.browser import install_chromium, png_size, render
+from tests.browser import png_size, render
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,17 +39,6 @@ def test_no_timing_in_tracked_metrics_or_plots():
                              cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     timing = re.compile(r"wall_s|seconds|tokens_per_s")
     assert tracked and not [path for path in tracked if timing.search((REPO / path).read_text())]
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    binary = install_chromium()
-    if binary is None:
-        msg = "chromium is not installed and cannot be installed (apt-get install -y chromium)"
-        if os.environ.get("ENVACE_REQUIRE_BROWSER") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return binary
 
 
 def test_dvc_plots_show_draws_the_validation_curve_offline(chromium, tmp_path):
