@@ -104,7 +104,7 @@ def grpo_run(policy, data, steps: int, precision: str) -> dict:
     trainer.fit(module, torch.utils.data.DataLoader(range(steps), batch_size=1))
     seconds = time.perf_counter() - start
     return {"steps": steps, "seconds_per_step": round(seconds / steps, 2),
-            "rollout_tokens_per_s": round(statistics.median(h["tokens_per_s"] for h in module.history), 1),
+            "rollout_tokens_per_s": round(statistics.median(module.tokens_per_s), 1),
             "success": [h["success"] for h in module.history]}
 
 
