@@ -5,8 +5,8 @@ name, GE type, column, success, how many rows broke it and the `where` of the fi
 Stages turn these into metrics, reports and failures. A gate run by the pipeline names itself
 (`gate=`): its suites, checkpoints and every validation result are then kept in the project's
 GE file context (`gx/`, ignored by git: its ids change each run) and its Data Docs are rebuilt,
-offline, at `gx/uncommitted/data_docs/local_site/index.html` (`DATA_DOCS`) — a history of
-every gate's runs.
+offline, at `gx/uncommitted/data_docs/local_site/index.html` (`DATA_DOCS`), with `gates.html`
+beside it (`GATE_RUNS`): every gate run, newest first, readable without a network.
 """
 
 from __future__ import annotations
