@@ -147,14 +147,15 @@ def csv_png(csv_path: Path, out_dir: Path) -> Path | None:
     if not rows:
         return None
     x, *ys = rows[0]
+    over_numbers = _is_number(rows[0][x])
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    if _is_number(rows[0][x]):
+    if over_numbers:
         for y in ys:
             ax.plot([float(r[x]) for r in rows], [float(r[y]) if _is_number(r[y]) else float("nan") for r in rows], label=y)
         ax.legend(fontsize="small")
     else:
         ax.barh([r[x] for r in rows], [float(r[ys[0]]) for r in rows])
-    ax.set_xlabel(x if _is_number(rows[0][x]) else ys[0])
+    ax.set_xlabel(x if over_numbers else ys[0])
     ax.set_title(Path(csv_path).stem)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -151,14 +151,19 @@ def _stage_metrics(spec: dict, root: Path) -> dict:
     task type or step stays in the file, which the stage's run keeps as an artifact)."""
     out = {}
     for path in _stage_files(spec, root, "metrics"):
-        out.update({k: float(v) for k, v in json.loads(path.read_text()).items() if isinstance(v, (int, float))})
+        out.update(_top_numbers(path))
     return out
+
+
+def _top_numbers(path: Path) -> dict:
+    """The top-level numbers of a JSON file (bools count: a gate's "passed" is a metric)."""
+    return {k: float(v) for k, v in json.loads(path.read_text()).items() if isinstance(v, (int, float))}
 
 
 def _timings(root: Path, stage: str, ran: bool) -> dict:
     """The wall clock the stage recorded this time (`timings/<stage>.json`, kept out of git)."""
     path = root / "timings" / f"{stage}.json"
-    return tracking.flatten(json.loads(path.read_text()), numbers_only=True) if ran and path.exists() else {}
+    return _top_numbers(path) if ran and path.exists() else {}
 
 
 def _publish_report(stage: str, root: Path) -> None:

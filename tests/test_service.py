@@ -240,7 +240,7 @@ def test_challenger_becomes_champion_only_when_better(tmp_path, prepared_dir, mo
     logged = mlflow.get_logged_model(version.source.removeprefix("models:/"))  # the version's source: models:/<id>
     assert [(m.key, m.value, m.dataset_name, m.dataset_digest) for m in logged.metrics] == [("success", 0.5, "test", "d4")]
     assert logged.params == {"train.steps": "3", "train.lr": "0.001"}
-    example = mlflow.models.Model.load(f"models:/agent/4").load_input_example()  # the version's input example
+    example = mlflow.models.Model.load("models:/agent/4").load_input_example()  # the version's input example
     assert json.loads(example["task"][0])["id"] == tasks[0]["id"]
     params_file = client.download_artifacts(better.run_id, "params.yaml")
     assert "steps: 3" in Path(params_file).read_text()
