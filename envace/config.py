@@ -65,6 +65,8 @@ class PrepareConfig(Section):
     test_fraction: float = Field(0.15, gt=0, lt=1)
     min_token_frequency: int = Field(1, ge=1)
     """Words seen fewer times in training become spellings from the character alphabet."""
+    split_digits: bool = False
+    """Numbers are spelled digit by digit (for numbers from a large pool, e.g. ids #10-#399)."""
 
     @model_validator(mode="after")
     def _fractions(self):

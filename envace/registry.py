@@ -6,12 +6,16 @@ episode in the task's real backend. `register` logs it, registers a new version 
 `envace-agent` under the alias `challenger`, and moves `champion` to it only when its
 held-out success beats the current champion's on the same tasks (the champion is loaded
 through `models:/envace-agent@champion` and re-evaluated, so both are measured alike).
+Registering is idempotent: when the challenger already is this very model (same weights, data,
+params and success), `register` returns that registration again instead of a duplicate version,
+so a forced rerun that reproduces the models writes the same `metrics/register.json`.
 
 Like `envace.tracking`, this module imports MLflow; the rest of the library does not.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -25,6 +29,8 @@ from mlflow.tracking import MlflowClient
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 REAL_CALLS = "real_env_calls_train"  # version tag: the promotion suite compares it
+WEIGHTS = "model_sha256"  # version tag: the digest of the registered model directory
+REGISTRATION = "registration.json"  # on the version's run: what `register` returned
 
 
 def as_tasks(model_input) -> list[dict]:
@@ -194,6 +200,12 @@ def register(model_dir: Path, success: float, tasks: list[dict], config: dict, m
     from envace.gates.promotion import checks, comparison
 
     client = MlflowClient()
+    tags = tags | {REAL_CALLS: str(real_calls), WEIGHTS: digest(model_dir)}
+    previous = registered_before(client, model_name, tags | {"success": str(success)})
+    if previous is not None:
+        print(f"register: {model_name} v{previous.version} already is this model (same weights, data, params and "
+              "success): not registered again", flush=True)
+        return previous
     run_id, model_uri = log_agent(model_dir, config, f"register-{model_name}", {"stage": "register"},
                                   example=tasks[0] if tasks else None)
     describe_logged_model(run_id, model_uri, success, tasks, tags.get("data_version"), params or {})
@@ -201,7 +213,7 @@ def register(model_dir: Path, success: float, tasks: list[dict], config: dict, m
         client.get_registered_model(model_name)
     except MlflowException:
         client.create_registered_model(model_name, description="envace tool agent (ACT + REHEARSE, one model)")
-    version = mlflow.register_model(model_uri, model_name, tags=tags | {REAL_CALLS: str(real_calls)}).version
+    version = mlflow.register_model(model_uri, model_name, tags=tags).version
     client.set_registered_model_alias(model_name, CHALLENGER, version)
     champion = current_champion(client, model_name)
     expectations: list[dict] = []
@@ -231,7 +243,35 @@ def register(model_dir: Path, success: float, tasks: list[dict], config: dict, m
     for key, value in {"success": success, "champion_success": champion_success, "promoted": promoted,
                        "reason": reason}.items():
         client.set_model_version_tag(model_name, version, key, "" if value is None else str(value))
+    client.log_dict(run_id, result.to_dict(), REGISTRATION)
     return result
+
+
+def digest(model_dir: Path) -> str:
+    """sha256 over the names and bytes of every file in `model_dir`."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in Path(model_dir).rglob("*") if p.is_file()):
+        h.update(path.relative_to(model_dir).as_posix().encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def registered_before(client: MlflowClient, model_name: str, tags: dict[str, str]) -> Registration | None:
+    """The challenger's registration when it is this very model (every tag in `tags` equal: weights,
+    data version, commit, params, success, real calls) and the champion has not moved since; else None."""
+    try:
+        challenger = client.get_model_version_by_alias(model_name, CHALLENGER)
+    except MlflowException:
+        return None
+    if any(challenger.tags.get(k) != v for k, v in tags.items()):
+        return None
+    try:
+        recorded = Registration(**json.loads(Path(client.download_artifacts(challenger.run_id, REGISTRATION)).read_text()))
+    except (MlflowException, OSError, TypeError, ValueError):
+        return None  # registered by an envace that did not record it
+    champion = current_champion(client, model_name)
+    expected = recorded.version if recorded.promoted else recorded.champion_version
+    return recorded if champion is not None and str(champion.version) == expected else None
 
 
 def describe_logged_model(run_id: str, model_uri: str, success: float, tasks: list[dict], data_version: str | None,

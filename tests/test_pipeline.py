@@ -155,6 +155,15 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
     assert not any(s["ran"] for s in again["stages"].values())
     assert "Up to date: nothing changed" in _artifact("pipeline-summary").data
     assert "Data and pipelines are up to date" in _dvc(project, "repro").stdout
+    # every stage run again (the models reproduce): every tracked output is byte for byte the same,
+    # the registry included (the same model is not registered twice), so `git status` stays clean
+    tracked = lambda: {p: p.read_bytes() for d in ("metrics", "reports", "plots") for p in (project / d).rglob("*")  # noqa: E731
+                       if p.is_file()} | {project / "dvc.lock": (project / "dvc.lock").read_bytes()}
+    before = tracked()
+    forced = _dvc(project, "repro", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "envace-agent v1 already is this model" in forced.stdout
+    assert {str(p) for p, b in tracked().items() if before.get(p) != b} == set()
 
     # a corrupted prepared line fails the gate, naming the expectation and the line
     path = project / "data/prepared/train.jsonl"

@@ -244,6 +244,13 @@ def test_challenger_becomes_champion_only_when_better(tmp_path, prepared_dir, mo
     assert json.loads(example["task"][0])["id"] == tasks[0]["id"]
     params_file = client.download_artifacts(better.run_id, "params.yaml")
     assert "steps: 3" in Path(params_file).read_text()
+    # the same model, data and params again (a forced rerun): the same registration, no new version
+    again = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d4"}, 0,
+                     params={"train": {"steps": 3, "lr": 0.001}})
+    assert again == better and len(client.search_model_versions("name='agent'")) == 4
+    (model_dir / "generation_config.json").write_text("{}")  # other weights or files: a new version
+    changed = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d4"}, 0)
+    assert changed.version == "5" and changed.champion_version == "4"
 
 
 def test_a_champion_with_unknown_training_calls_is_not_replaced_blindly():

@@ -76,3 +76,25 @@ def test_save_load_round_trip(tok, tmp_path):
     for value in UNSEEN:
         assert_exact(loaded, compact_json({"branch": value}))
         assert loaded.encode(value, add_special_tokens=False) == tok.encode(value, add_special_tokens=False)
+
+
+def test_split_digits_spells_every_number_by_its_digits(tmp_path):
+    """`prepare.split_digits`: a number is its digits, seen or not, and the tokenizer is still
+    ours after a save and load (so warmup renames numbers as names)."""
+    from envace.data.tokenizer import splits_digits
+    from envace.train.data import relabel_classes
+
+    tok = train_tokenizer(CORPUS, split_digits=True)
+    assert tok.tokenize(compact_json({"amount": 372})) == ["{", '"amount":', "3", "7", "2", "}"]
+    assert tok.tokenize("A17") == ["A", "1", "7"] and tok.tokenize("Alice") == ["Alice"]
+    for value in UNSEEN + ["227.16", "PR-99821"]:
+        assert_exact(tok, compact_json({"branch": value}))
+    tok.save_pretrained(tmp_path)
+    loaded = PreTrainedTokenizerFast.from_pretrained(tmp_path)
+    assert is_word_level(loaded) and splits_digits(loaded) and not splits_digits(train_tokenizer(CORPUS))
+
+    class Numbers:  # a domain whose interchangeable names are numbers the vocabulary never saw
+        interchangeable, tools = (("372", "915", "12"),), []
+    # same-length numbers form a class of their own: renaming never changes a sequence's length
+    assert relabel_classes([Numbers()], loaded) == [["372", "915"]]
+    assert relabel_classes([Numbers()], train_tokenizer(CORPUS)) == []

@@ -13,6 +13,11 @@ non-ASCII word seen in training is its ASCII parts plus byte tokens, not one tok
 keeps the learned vocabulary independent of the byte fallback. The 256 byte tokens come
 after every learned token, so the learned ids are those of a BPE trained without them.
 Trained on the training split plus the tool schemas only — never on val/test.
+
+With `split_digits`, every digit is a piece of its own, so a number is spelled with ten
+frequent tokens. That is for numbers drawn from a large pool (pull request #10-#399): each
+such number is seen too seldom in training for its own token to become copyable, and a
+2-layer model then answers the most frequent number instead of the one in front of it.
 """
 
 from __future__ import annotations
@@ -36,14 +41,22 @@ WORDS = re.compile(PIECE_PATTERN, re.DOTALL)  # the pieces of a text, also for t
 ALPHABET = sorted(set(string.printable) - set("\x0b\x0c"))
 
 
+def _pre_tokenizers(tokenizer) -> list[dict]:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    pre = json.loads(backend.to_str()).get("pre_tokenizer") or {} if backend is not None else {}
+    return pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+
+
 def is_word_level(tokenizer) -> bool:
     """Whether `tokenizer` is ours (pre-split into PIECE_PATTERN pieces): a word it knows is one
     token, a word it never saw is spelled out."""
-    import json as _json
+    first = _pre_tokenizers(tokenizer)[0]
+    return first.get("type") == "Split" and first.get("pattern", {}).get("Regex") == PIECE_PATTERN
 
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    pre = _json.loads(backend.to_str()).get("pre_tokenizer") or {} if backend is not None else {}
-    return pre.get("type") == "Split" and pre.get("pattern", {}).get("Regex") == PIECE_PATTERN
+
+def splits_digits(tokenizer) -> bool:
+    """Whether `tokenizer` is ours and spells every number digit by digit (`split_digits`)."""
+    return is_word_level(tokenizer) and any(p.get("type") == "Digits" for p in _pre_tokenizers(tokenizer))
 
 
 def compact_json(obj) -> str:
@@ -107,12 +120,14 @@ def schema_texts(schemas: Iterable[dict]) -> Iterator[str]:
         yield compact_json(schema)
 
 
-def _train_bpe(texts: Iterable[str], min_frequency: int):
+def _train_bpe(texts: Iterable[str], min_frequency: int, split_digits: bool = False):
     """The plain word-level BPE (no byte fallback): its vocabulary is the first ids of ours."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(PIECE_PATTERN), behavior="isolated")
+    if split_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([tok.pre_tokenizer, pre_tokenizers.Digits(individual_digits=True)])
     tok.decoder = decoders.Fuse()
     trainer = trainers.BpeTrainer(
         vocab_size=1_000_000,  # never the limit: merging stops when every word is whole
@@ -126,7 +141,7 @@ def _train_bpe(texts: Iterable[str], min_frequency: int):
     return tok
 
 
-def train_tokenizer(texts: Iterable[str], min_frequency: int = 1):
+def train_tokenizer(texts: Iterable[str], min_frequency: int = 1, split_digits: bool = False):
     """Train the word-level BPE, add the byte fallback and wrap it as a
     `PreTrainedTokenizerFast` (left padding).
 
@@ -134,11 +149,13 @@ def train_tokenizer(texts: Iterable[str], min_frequency: int = 1):
     >>> ids = tok.encode('{"name":"zoë"} 東京', add_special_tokens=False)
     >>> tok.unk_token_id in ids, tok.decode(ids)
     (False, '{"name":"zoë"} 東京')
+    >>> train_tokenizer(['{"number":372}'], split_digits=True).tokenize('{"number":372}')
+    ['{', '"number":', '3', '7', '2', '}']
     """
     from tokenizers import decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    tok = _train_bpe(texts, min_frequency)
+    tok = _train_bpe(texts, min_frequency, split_digits)
     bpe = json.loads(tok.to_str())["model"]
     vocab = dict(bpe["vocab"])
     # Appended, so no learned id moves. No learned token can look like `<0x41>`: `<` is always

@@ -24,7 +24,7 @@ from collections import Counter
 import torch
 
 from envace.data.episodes import fact_source, recorded_calls
-from envace.data.tokenizer import WORDS, is_word_level
+from envace.data.tokenizer import WORDS, is_word_level, splits_digits
 from envace.domains import get_domain
 from envace.roles import Segment, encode
 
@@ -62,12 +62,13 @@ def relabel_classes(domains, tokenizer, episodes: list[dict] = ()) -> list[list[
     (numbers and words apart, so a number stays a number), less the words of the tools' schemas
     and the policy (renaming those would change the instructions, not just a name)."""
     vocab = tokenizer.get_vocab() if is_word_level(tokenizer) else None
+    digits = splits_digits(tokenizer)
     classes = []
     for d in domains:
         for names in d.interchangeable + argument_names(d, [e for e in episodes if e["task"]["domain"] == d.name]):
             by_length: dict[int, list[str]] = {}
             for name in names:
-                if vocab is None or name in vocab:
+                if vocab is None or name in vocab or (digits and name.isdigit()):
                     by_length.setdefault(len(tokenizer.tokenize(name)), []).append(name)
             classes += [group for _, group in sorted(by_length.items()) if len(group) > 1]
     return classes
