@@ -51,13 +51,20 @@ real episode, their mode, the guard on high-risk calls and what it does with a h
 
 
 def signature():
-    """No input schema (tasks are nested JSON: a dict, a list, or a `task` column); the
-    options as a params schema, which MLflow requires before it passes `params` on."""
+    """No input schema: tasks are nested JSON (a dict, a list, or a `task` column), and MLflow
+    would enforce one by casting a task dict to a DataFrame. The episode each task gets as the
+    output schema (what the version page shows; MLflow does not enforce outputs), and the options
+    as a params schema, which MLflow requires before it passes `params` on."""
     from mlflow.models import ModelSignature
-    from mlflow.types import ParamSchema, ParamSpec
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+    from mlflow.types.schema import AnyType
 
     kinds = {int: "long", str: "string", bool: "boolean"}
-    return ModelSignature(params=ParamSchema([ParamSpec(k, kinds[type(v)], v) for k, v in PREDICT_PARAMS.items()]))
+    outputs = Schema([ColSpec("string", "task_id"), ColSpec("boolean", "success"),
+                      ColSpec("string", "answer", required=False), ColSpec("string", "failure", required=False),
+                      ColSpec(AnyType(), "messages"), ColSpec("long", "private_rehearsals"), ColSpec(AnyType(), "held")])
+    return ModelSignature(outputs=outputs,
+                          params=ParamSchema([ParamSpec(k, kinds[type(v)], v) for k, v in PREDICT_PARAMS.items()]))
 
 
 def known(section, values: dict) -> dict:

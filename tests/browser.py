@@ -185,13 +185,27 @@ def _experiment_id(base_url: str, name: str) -> str:
         return json.load(resp)["experiment"]["experiment_id"]
 
 
+def _run_id(base_url: str, experiment_id: str, run_name: str) -> str:
+    body = json.dumps({"experiment_ids": [experiment_id], "filter": f"attributes.run_name = '{run_name}'",
+                       "max_results": 1}).encode()
+    request = urllib.request.Request(f"{base_url}/api/2.0/mlflow/runs/search", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        (run,) = json.load(resp)["runs"]
+    return run["info"]["run_id"]
+
+
 def check_mlflow_ui(base_url: str, experiment_name: str, run_names: list[str], model_name: str,
                     alias: str, out_dir: Path, deadline_s: float = 90,
-                    trace: tuple[str, list[str]] | None = None, runs_query: str = "") -> dict:
+                    trace: tuple[str, list[str]] | None = None, runs_query: str = "",
+                    compare: tuple[list[str], list[str]] | None = None, version: str | None = None) -> dict:
     """Render an MLflow 3 tracking server's UI and check what it shows:
     - the experiment's runs page (`#/experiments/<id>/runs`, plus `runs_query`) lists every run in
       `run_names` (and any column name passed there);
     - the registered model's page (`#/models/<name>`) shows the model name and `alias`;
+    - with `compare` (run names, metric names), the compare view of those runs shows each of them
+      and each metric;
+    - with `version`, that version's page shows a signature (a non-empty output schema);
     - with `trace` (trace id, span names), the trace view (`#/experiments/<id>/traces/<trace id>`)
       shows those spans;
     - the screenshots are real PNGs of the window size, over 10 kB.
@@ -207,6 +221,14 @@ def check_mlflow_ui(base_url: str, experiment_name: str, run_names: list[str], m
     }
     if trace is not None:
         pages["trace"] = (f"{base_url}/#/experiments/{exp_id}/traces/{trace[0]}", trace[1])
+    if compare is not None:
+        names, metrics = compare
+        ids = [_run_id(base_url, exp_id, name) for name in names]
+        query = urllib.parse.urlencode({"runs": json.dumps(ids), "experiments": json.dumps([exp_id])})
+        pages["compare"] = (f"{base_url}/#/compare-runs?{query}", [f"Comparing {len(ids)} Runs", *names, *metrics])
+    if version is not None:
+        model = urllib.parse.quote(model_name, safe="")
+        pages["version"] = (f"{base_url}/#/models/{model}/versions/{version}", [f"Version {version}", "Schema", "Outputs ("])
     result: dict = {"experiment_id": exp_id}
     problems = []
     for page, (url, expected) in pages.items():
@@ -214,6 +236,8 @@ def check_mlflow_ui(base_url: str, experiment_name: str, run_names: list[str], m
         text = render_until(url, shot, expected, deadline_s=deadline_s)
         result[f"{page}_url"], result[f"{page}_screenshot"], result[f"{page}_text"] = url, shot, text
         missing = [s for s in expected if s not in text]
+        if page == "version" and "Outputs (0)" in text:
+            missing.append("a signature (the output schema is empty)")
         if missing:
             problems.append(f"{page} page {url} lacks {missing}; it shows: {text[:1500]!r}")
         size = shot.stat().st_size

@@ -172,7 +172,8 @@ def test_served_deployment_runs_the_pipeline_registers_and_survives_a_kill(tmp_p
         check_mlflow_ui(service.mlflow, "envace", ["eval-sft", "eval-real_env", "eval-simulator", "eval-envace",
                                                    "success", "rehearsal"],  # metric columns, shown
                         "envace-agent", "champion", tmp_path / "screenshots",  # by the flow's saved view
-                        runs_query=f"?viewStateShareKey={tracking.VIEW}")
+                        runs_query=f"?viewStateShareKey={tracking.VIEW}",
+                        compare=(["eval-sft", "eval-envace"], ["success"]), version="1")
 
         # kill -9 the service, restart it: the stores are intact and the deployment runs again
         service.stop(signal.SIGKILL)
