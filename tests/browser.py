@@ -248,3 +248,22 @@ def check_mlflow_ui(base_url: str, experiment_name: str, run_names: list[str], m
     if problems:
         raise AssertionError("MLflow UI check failed:\n" + "\n".join(problems))
     return result
+
+
+def check_prefect_task_logs(api_url: str, artifact_key: str, expected: list[str], out_dir: Path,
+                            deadline_s: float = 90) -> str:
+    """Render, in the Prefect UI served beside `api_url`, the task run that made the artifact
+    `artifact_key` (its latest), and check that its log lines show every string in `expected`.
+    Returns the page text; the screenshot goes to `out_dir`."""
+    body = json.dumps({"artifacts": {"key": {"any_": [artifact_key]}}, "sort": "CREATED_DESC", "limit": 1}).encode()
+    request = urllib.request.Request(f"{api_url.rstrip('/')}/artifacts/filter", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        (artifact,) = json.load(resp)
+    url = f"{api_url.rstrip('/').removesuffix('/api')}/runs/task-run/{artifact['task_run_id']}"
+    shot = Path(out_dir) / f"prefect-task-run-{artifact_key}.png"
+    text = render_until(url, shot, expected, deadline_s=deadline_s)
+    missing = [s for s in expected if s not in text]
+    assert not missing, f"Prefect task run page {url} lacks {missing}; it shows: {text[:1500]!r}"
+    assert shot.stat().st_size > MIN_PNG_BYTES and png_size(shot) == WINDOW, shot
+    return text

@@ -210,6 +210,10 @@ def test_warmup_killed_mid_run_resumes_and_ends_as_an_uninterrupted_run(warmed, 
     cmd = [sys.executable, "-m", "envace.stages.warmup", "--params", str(params)]
     done = subprocess.run(cmd, cwd=fresh, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+    # a quiet terminal under `dvc repro` too: the stage's epoch lines, none of the libraries' start-up notes
+    said = done.stdout + done.stderr
+    chatter = ("Tip:", "GPU available", "LeafSpec", "┏", "Total params", "MLflow database", "not found. Creating it")
+    assert "epoch 1 (" in said and not [c for c in chatter if c in said], said[-3000:]
 
     kill_at_checkpoint_and_rerun(cmd, killed, "checkpoints/warmup/last.ckpt", "models/warmup",  # after epoch 1
                                  "warmup: resuming from checkpoint")

@@ -109,7 +109,7 @@ def test_served_deployment_runs_the_pipeline_registers_and_survives_a_kill(tmp_p
     from mlflow.tracking import MlflowClient
 
     from envace import tracking
-    from tests.browser import check_mlflow_ui
+    from tests.browser import check_mlflow_ui, check_prefect_task_logs
 
     project = make_project(tmp_path / "project")
     remote = tmp_path / "dvc-remote"
@@ -174,6 +174,8 @@ def test_served_deployment_runs_the_pipeline_registers_and_survives_a_kill(tmp_p
                         "envace-agent", "champion", tmp_path / "screenshots",  # by the flow's saved view
                         runs_query=f"?viewStateShareKey={tracking.VIEW}",
                         compare=(["eval-sft", "eval-envace"], ["success"]), version="1")
+        # and the served Prefect UI shows a task run's stage log lines (the data gate's)
+        check_prefect_task_logs(service.api, "data-gate", ["validate_data | "], tmp_path / "screenshots")
 
         # kill -9 the service, restart it: the stores are intact and the deployment runs again
         service.stop(signal.SIGKILL)

@@ -79,8 +79,7 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     ckpt_dir = CHECKPOINTS / variant
     trainer = L.Trainer(max_steps=cfg.steps * cfg.ppo_epochs, **trainer_options(params.trainer),
                         logger=lightning_logger(f"train-{variant}"), callbacks=[last_checkpoint(ckpt_dir / "last.ckpt")],
-                        enable_checkpointing=False, log_every_n_steps=1, enable_progress_bar=sys.stderr.isatty(),
-                        enable_model_summary=False)
+                        enable_checkpointing=False, log_every_n_steps=1, enable_progress_bar=sys.stderr.isatty())
     resume = resumable(ckpt_dir, fingerprint(params, ("train", "rollout", "roles", "model", "trainer"), [WARMUP_MODEL]),
                        f"train[{variant}]", prepare=trainer.is_global_zero)
     if cfg.memory_examples and resume is None:  # every RL variant starts alike, so the comparison stays fair

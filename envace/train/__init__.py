@@ -32,8 +32,25 @@ def trainer_options(cfg: TrainerConfig) -> dict:
         strategy = _cpu_fsdp() if cpu else _fsdp()()
     if cpu:  # the CPU's cores are shared by the ranks
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.devices))
+    quiet()
     return {"accelerator": cfg.accelerator, "devices": cfg.devices, "strategy": strategy,
-            "precision": precision_of(cfg), "use_distributed_sampler": False}
+            "precision": precision_of(cfg), "use_distributed_sampler": False, "enable_model_summary": False}
+
+
+def quiet() -> None:
+    """A stage prints its own lines (one per epoch), not the libraries' start-up notes: Lightning's
+    "GPU available", tips and "creating experiment" lines, its deprecation warning about torch's
+    pytree internals, MLflow's database set-up lines and transformers' bars for loading a few weights."""
+    import logging
+    import warnings
+
+    import transformers
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning_fabric.utilities.rank_zero",
+                 "lightning.pytorch.loggers.mlflow", "mlflow.store.db.utils", "alembic.runtime.migration"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    transformers.utils.logging.disable_progress_bar()
 
 
 def _fsdp():
