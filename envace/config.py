@@ -67,6 +67,8 @@ class PrepareConfig(Section):
     """Words seen fewer times in training become spellings from the character alphabet."""
     split_digits: bool = False
     """Numbers are spelled digit by digit (for numbers from a large pool, e.g. ids #10-#399)."""
+    spaced_words: bool = False
+    """A word takes the space before it (` upload` one token): multi-word values copy word by word."""
 
     @model_validator(mode="after")
     def _fractions(self):

@@ -98,3 +98,22 @@ def test_split_digits_spells_every_number_by_its_digits(tmp_path):
     # same-length numbers form a class of their own: renaming never changes a sequence's length
     assert relabel_classes([Numbers()], loaded) == [["372", "915"]]
     assert relabel_classes([Numbers()], train_tokenizer(CORPUS)) == []
+
+
+def test_spaced_words_take_the_space_before_them(tmp_path):
+    """`prepare.spaced_words`: ` upload` is one token, so a title is copied word by word; text
+    still decodes exactly, and the tokenizer is still ours after a save and load."""
+    from envace.train.data import relabel_classes
+
+    tok = train_tokenizer(CORPUS + ["Fix upload pager"], spaced_words=True, split_digits=True)
+    assert tok.tokenize("Fix upload pager") == ["Fix", " upload", " pager"]
+    assert tok.tokenize(compact_json({"amount": 372})) == ["{", '"amount":', "3", "7", "2", "}"]
+    for value in UNSEEN:
+        assert_exact(tok, compact_json({"title": f"Fix {value} now"}))
+    tok.save_pretrained(tmp_path)
+    loaded = PreTrainedTokenizerFast.from_pretrained(tmp_path)
+    assert is_word_level(loaded) and loaded.tokenize("Fix upload pager") == ["Fix", " upload", " pager"]
+
+    class Words:  # `pager` and `upload` are known only after a space: still renamable names
+        interchangeable, tools = (("upload", "pager", "nowhere"),), []
+    assert relabel_classes([Words()], loaded) == [["upload", "pager"]]

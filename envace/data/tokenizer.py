@@ -14,10 +14,15 @@ keeps the learned vocabulary independent of the byte fallback. The 256 byte toke
 after every learned token, so the learned ids are those of a BPE trained without them.
 Trained on the training split plus the tool schemas only — never on val/test.
 
-With `split_digits`, every digit is a piece of its own, so a number is spelled with ten
-frequent tokens. That is for numbers drawn from a large pool (pull request #10-#399): each
-such number is seen too seldom in training for its own token to become copyable, and a
-2-layer model then answers the most frequent number instead of the one in front of it.
+Two options for values a small model must copy as sequences (a project's `prepare` params):
+- `split_digits`: every digit is a piece of its own, so a number is spelled with ten frequent
+  tokens. For numbers drawn from a large pool (pull request #10-#399): each such number is
+  seen too seldom in training for its own token to become copyable, and a 2-layer model then
+  answers the most frequent number instead of the one in front of it.
+- `spaced_words`: a word takes the single space before it (` upload` is one piece, as in
+  GPT-2's BPE). Copying a multi-word value (a title, "Simplify upload pager") is then one
+  induction step per word — find the token just written earlier, copy what followed it —
+  instead of a step from a bare space, which follows every word and points nowhere.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ SPECIAL_TOKENS = [
 # Values are bare tokens, so `Alice` in a request and in a call is the same token.
 PIECE_PATTERN = r'"[A-Za-z0-9_$()]+":"?|[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|.'
 WORDS = re.compile(PIECE_PATTERN, re.DOTALL)  # the pieces of a text, also for tokenizers that are not ours
+SPACED_PIECE_PATTERN = r'"[A-Za-z0-9_$()]+":"?| ?[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|.'  # `spaced_words`
 
 ALPHABET = sorted(set(string.printable) - set("\x0b\x0c"))
 
@@ -51,7 +57,7 @@ def is_word_level(tokenizer) -> bool:
     """Whether `tokenizer` is ours (pre-split into PIECE_PATTERN pieces): a word it knows is one
     token, a word it never saw is spelled out."""
     first = _pre_tokenizers(tokenizer)[0]
-    return first.get("type") == "Split" and first.get("pattern", {}).get("Regex") == PIECE_PATTERN
+    return first.get("type") == "Split" and first.get("pattern", {}).get("Regex") in (PIECE_PATTERN, SPACED_PIECE_PATTERN)
 
 
 def splits_digits(tokenizer) -> bool:
@@ -120,12 +126,13 @@ def schema_texts(schemas: Iterable[dict]) -> Iterator[str]:
         yield compact_json(schema)
 
 
-def _train_bpe(texts: Iterable[str], min_frequency: int, split_digits: bool = False):
+def _train_bpe(texts: Iterable[str], min_frequency: int, split_digits: bool = False, spaced_words: bool = False):
     """The plain word-level BPE (no byte fallback): its vocabulary is the first ids of ours."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(PIECE_PATTERN), behavior="isolated")
+    pattern = SPACED_PIECE_PATTERN if spaced_words else PIECE_PATTERN
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     if split_digits:
         tok.pre_tokenizer = pre_tokenizers.Sequence([tok.pre_tokenizer, pre_tokenizers.Digits(individual_digits=True)])
     tok.decoder = decoders.Fuse()
@@ -141,7 +148,8 @@ def _train_bpe(texts: Iterable[str], min_frequency: int, split_digits: bool = Fa
     return tok
 
 
-def train_tokenizer(texts: Iterable[str], min_frequency: int = 1, split_digits: bool = False):
+def train_tokenizer(texts: Iterable[str], min_frequency: int = 1, split_digits: bool = False,
+                    spaced_words: bool = False):
     """Train the word-level BPE, add the byte fallback and wrap it as a
     `PreTrainedTokenizerFast` (left padding).
 
@@ -151,11 +159,13 @@ def train_tokenizer(texts: Iterable[str], min_frequency: int = 1, split_digits: 
     (False, '{"name":"zoë"} 東京')
     >>> train_tokenizer(['{"number":372}'], split_digits=True).tokenize('{"number":372}')
     ['{', '"number":', '3', '7', '2', '}']
+    >>> train_tokenizer(["Fix upload pager"], spaced_words=True).tokenize("Fix upload pager")
+    ['Fix', ' upload', ' pager']
     """
     from tokenizers import decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    tok = _train_bpe(texts, min_frequency, split_digits)
+    tok = _train_bpe(texts, min_frequency, split_digits, spaced_words)
     bpe = json.loads(tok.to_str())["model"]
     vocab = dict(bpe["vocab"])
     # Appended, so no learned id moves. No learned token can look like `<0x41>`: `<` is always
