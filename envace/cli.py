@@ -36,11 +36,22 @@ def _run(args) -> int:
 
     try:
         summary = envace_flow(project_dir=str(root), until=args.until)
-    except Exception as err:  # the flow already logged the details
-        print(f"\nenvace run FAILED: {err}", file=sys.stderr)
+    except Exception as err:  # the flow already logged the details (the Prefect UI has them all)
+        print(failure_lines(err), file=sys.stderr)
         return 1
     print(where_to_look(root, summary))
     return 0
+
+
+def failure_lines(err: Exception) -> str:
+    """The closing lines of a failed run: a failed stage's last lines that the terminal did not
+    show as they came, then one line saying what failed (any other error in full)."""
+    from flows.full_pipeline import StageError
+
+    if not isinstance(err, StageError):
+        return f"\nenvace run FAILED: {err}"
+    unseen = [f"{err.stage} | {line}" for line in err.unseen]
+    return "\n".join(["", *unseen, f"envace run FAILED: {str(err).splitlines()[0].rstrip(':')}"])
 
 
 def where_to_look(root: Path, summary: dict) -> str:

@@ -12,6 +12,7 @@ Run: `make run`, or `envace run`, or `python -m flows.full_pipeline`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -41,7 +42,30 @@ REPORTS = {"evaluate": ("evaluation", "reports/eval.md"), "rehearse": ("rehearse
 
 
 class StageError(RuntimeError):
-    pass
+    """A stage failed or cannot run. `unseen`: the last lines of the stage's output that the
+    terminal did not show as they came (a gate's failed expectations, a stage's traceback)."""
+
+    def __init__(self, message: str, stage: str = "", unseen: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.stage, self.unseen = stage, unseen
+
+
+class _ReportedStageFailure(logging.Filter):
+    """Keeps Prefect's traceback of a failed stage off the terminal, where the stage's own
+    lines and `envace run`'s closing lines report it; the Prefect UI keeps the full record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, StageError) and "StageError" not in record.getMessage()
+
+
+def _quiet_stage_failures() -> None:
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler) and not any(
+                isinstance(f, _ReportedStageFailure) for f in handler.filters):
+            handler.addFilter(_ReportedStageFailure())
 
 
 def pipeline_stages(root: Path) -> dict[str, dict]:
@@ -83,22 +107,27 @@ def _reproduce(stage: str, root: Path, mlflow_run_id: str, logger) -> dict:
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", stage], cwd=root, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    lines = []
+    lines, shown = [], []
     for line in proc.stdout:  # streamed: a long stage (warmup) shows its epochs as they end
         lines.append(line.rstrip())
+        shown.append(False)
         if lines[-1].strip() and "%|" not in line:  # progress-bar frames stay out of the log
             logger.info("%s | %s", stage, lines[-1])  # the Prefect UI: every line
             if for_terminal(stage, lines[-1]):  # the terminal: the stage's own lines (DVC's and Lightning's chatter stay in Prefect)
                 print(f"{stage} | {lines[-1]}", flush=True)
+                shown[-1] = True
     proc.wait()
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
-        tail = "\n".join(line for line in lines[-25:] if line.strip())
-        raise StageError(f"stage {stage!r} failed (dvc repro exit {proc.returncode}):\n{tail}")
+        tail = [(line, seen) for line, seen in zip(lines[-25:], shown[-25:]) if line.strip()]
+        unseen = tuple(line for line, seen in tail if not seen and not DVC_CHATTER.match(line) and "%|" not in line)
+        raise StageError(f"stage {stage!r} failed (dvc repro exit {proc.returncode}):\n"
+                         + "\n".join(line for line, _ in tail), stage, unseen)
     ran = any(f"Running stage '{stage}'" in line for line in lines)
     return {"stage": stage, "ran": ran, "seconds": round(seconds, 2)}
 
 
+DVC_CHATTER = re.compile(r"(?:Stage '.*' didn't change, skipping|Running stage '.*':|> )")
 OWN_LINE = re.compile(r"(?:(?P<name>[a-z_]+)(?:\[[\w-]+\])?: |epoch \d+ |ERROR)")
 
 
@@ -207,6 +236,7 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
     import mlflow
 
     logger = get_run_logger()
+    _quiet_stage_failures()
     root = Path(project_dir).resolve()
     loaded = load_params(root / "params.yaml")  # fails fast, naming any bad key
     params_raw = loaded.model_dump()

@@ -314,3 +314,22 @@ def test_a_run_killed_between_stages_resumes_at_the_next_stage(tmp_path):
     assert all(status[s] == "up to date" for s in before), status
     assert status["base_model"] == "ran" and digest() == kept
     assert pinned() == {"collect", "prepare", "validate_data", "base_model"}
+
+
+def test_a_failed_gate_under_envace_run_ends_in_its_reasons_and_one_line_without_traceback(tmp_path):
+    """The terminal of a run whose data gate fails: the stage's lines once, its failed
+    expectations, then one closing line — no Prefect traceback, nothing said twice."""
+    params = json.loads(json.dumps(TINY_PARAMS))
+    params["validate_data"]["min_split_sizes"]["train"] = 10_000
+    project = make_project(tmp_path / "proj", params)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PREFECT_HOME": str(project / ".prefect")}
+    env.pop("PREFECT_API_URL", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    out = subprocess.run([sys.executable, "-m", "envace.cli", "run", "--project-dir", str(project), "--until",
+                          "validate_data"], env=env, capture_output=True, text=True, timeout=900)
+    terminal = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in terminal and "StageError" not in terminal, terminal[-4000:]
+    assert out.stderr.strip().splitlines()[-1] == "envace run FAILED: stage 'validate_data' failed (dvc repro exit 255)"
+    assert terminal.count("every split has its minimum size") == 1, terminal[-4000:]  # the failed expectation, once
+    assert terminal.count("validate_data | validate_data: ") >= 1
