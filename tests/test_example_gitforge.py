@@ -74,6 +74,21 @@ def test_logged_calls_match_tools_json(episodes):
             Draft202012Validator(PARAMETERS[call["name"]]).validate(call["arguments"])
 
 
+def test_the_logs_call_every_tool_so_the_gate_can_measure_each(episodes):
+    """The rehearsal gate fails a tool with too few held-out calls: a tool the production
+    agent never calls (get_repo and list_repos once were) could never pass it."""
+    assert {call["name"] for ep in episodes for call in calls_of(ep)} == set(PARAMETERS)
+
+
+def test_the_scenario_gives_rehearse_the_facts_of_every_logged_call(episodes):
+    from envace.domains.base import ScenarioFacts
+
+    for ep in episodes:
+        for call in calls_of(ep):
+            if ep["success"]:  # (a slip's wrong argument touches nothing)
+                assert ScenarioFacts(ep["scenario"]).facts(call)["touched"], (ep["id"], call)
+
+
 def load_forge():
     spec = importlib.util.spec_from_file_location("gitforge_forge", DOMAIN / "forge.py")
     module = importlib.util.module_from_spec(spec)

@@ -307,12 +307,16 @@ class _NoFacts:
 class ScenarioFacts:
     """Privileged facts read from a logged scenario (the state a backend's reset gets) when the
     backend has no `facts()` of its own: the innermost objects of the scenario a call touches —
-    those holding one of its string arguments as a value, or a number argument under its own key
-    (`get_branch(repo, branch)` touches the branch's object; `list_pull_requests(repo)` the repo's).
+    those holding one of its string arguments as a value or as the leading segment of a path-like
+    value (an owner of `owner/name`), or a number argument under its own key (`get_branch(repo,
+    branch)` touches the branch's object; `list_pull_requests(repo)` the repo's; `list_repos(owner)`
+    every repo named `owner/...`).
 
     >>> s = {"repos": [{"name": "a/b", "branches": [{"name": "dev", "merged": False}]}]}
     >>> ScenarioFacts(s).facts({"name": "get_branch", "arguments": {"repo": "a/b", "branch": "dev"}})
     {'touched': [{'name': 'dev', 'merged': False}]}
+    >>> [r["name"] for r in ScenarioFacts(s).facts({"name": "list_repos", "arguments": {"owner": "a"}})["touched"]]
+    ['a/b']
     """
 
     def __init__(self, scenario: Any):
@@ -324,7 +328,8 @@ class ScenarioFacts:
 
 
 def _touches(obj: dict, args: dict) -> bool:
-    return any((isinstance(v, str) and v in obj.values())
+    return any((isinstance(v, str) and v and (v in obj.values() or any(
+                    isinstance(x, str) and x.startswith(f"{v}/") for x in obj.values())))
                or (isinstance(v, (int, float)) and not isinstance(v, bool) and obj.get(k) == v) for k, v in args.items())
 
 

@@ -154,6 +154,14 @@ def target_pr_checks_status(rng, repo):
     return {"repo": repo["name"], "number": rng.choice(repo["pull_requests"])["number"]}
 
 
+def target_default_branch(rng, repo):
+    return {"repo": repo["name"]}
+
+
+def target_list_owner_repos(rng, repo):
+    return {"owner": repo["name"].split("/")[0]}
+
+
 REQUESTS = {
     "delete_branch": (
         "Delete the branch {branch} in {repo}.",
@@ -192,12 +200,23 @@ REQUESTS = {
         "Did the checks pass on pull request {number} in {repo}?",
         "Tell me the CI status of #{number} in {repo}.",
     ),
+    "default_branch": (
+        "What is the default branch of {repo}?",
+        "Which branch is the default one in {repo}?",
+        "Tell me the default branch of {repo}.",
+    ),
+    "list_owner_repos": (
+        "Which repos does {owner} have?",
+        "List the repos of {owner}.",
+        "What repositories does {owner} own?",
+    ),
 }
 TASK_TYPES = tuple(REQUESTS)
 TARGETS = {t: globals()[f"target_{t}"] for t in TASK_TYPES}
 SLIPPED_ARG = {  # the argument a wrong-value slip corrupts
     "delete_branch": "branch", "merge_pull_request": "number", "open_issue": "labels", "is_branch_merged": "branch",
     "is_branch_protected": "branch", "count_open_prs": "repo", "pr_checks_status": "number",
+    "default_branch": "repo", "list_owner_repos": "owner",
 }
 
 
@@ -251,6 +270,10 @@ def expected(task_type: str, scenario: dict, args: dict) -> dict:
     if task_type == "count_open_prs":
         count = len(forge.list_pull_requests(**args)["pull_requests"])
         return {"required_calls": [call("list_pull_requests", args)], "final_answer": [str(count)]}
+    if task_type == "default_branch":
+        return {"required_calls": [call("get_repo", args)], "final_answer": [forge.get_repo(**args)["default_branch"]]}
+    if task_type == "list_owner_repos":
+        return {"required_calls": [call("list_repos", args)], "final_answer": forge.list_repos(**args)["repos"]}
     checks = forge.get_pull_request(**args)["checks"]
     return {"required_calls": [call("get_pull_request", args)], "final_answer": [checks]}
 
@@ -360,10 +383,23 @@ def act_pr_checks_status(t: Transcript, a: dict, skip_check: bool) -> str:
     return failed(p) or f"Checks on pull request #{a['number']} of {a['repo']}: {p['checks']}."
 
 
+def act_default_branch(t: Transcript, a: dict, skip_check: bool) -> str:
+    r = t.call("get_repo", **a)
+    return failed(r) or f"The default branch of {a['repo']} is {r['default_branch']}."
+
+
+def act_list_owner_repos(t: Transcript, a: dict, skip_check: bool) -> str:
+    repos = t.call("list_repos", **a)["repos"]
+    if not repos:
+        return f"{a['owner']} has no repos."
+    return f"{a['owner']} has {len(repos)} repo{'' if len(repos) == 1 else 's'}: {said(repos)}."
+
+
 ACT = {
     "delete_branch": act_delete_branch, "merge_pull_request": act_merge_pull_request, "open_issue": act_open_issue,
     "is_branch_merged": act_is_branch("merged"), "is_branch_protected": act_is_branch("protected"),
     "count_open_prs": act_count_open_prs, "pr_checks_status": act_pr_checks_status,
+    "default_branch": act_default_branch, "list_owner_repos": act_list_owner_repos,
 }
 GUESS = {  # what the agent says when it answers without doing anything
     "delete_branch": "Done, branch {branch} of {repo} is deleted.",
@@ -373,6 +409,8 @@ GUESS = {  # what the agent says when it answers without doing anything
     "is_branch_protected": "Yes, branch {branch} of {repo} is protected.",
     "count_open_prs": "{repo} has 1 open pull request.",
     "pr_checks_status": "Checks on pull request #{number} of {repo}: passed.",
+    "default_branch": "The default branch of {repo} is main.",
+    "list_owner_repos": "{owner} has 1 repo.",
 }
 
 
