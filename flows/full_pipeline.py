@@ -107,22 +107,21 @@ def _reproduce(stage: str, root: Path, mlflow_run_id: str, logger) -> dict:
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", stage], cwd=root, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    lines, shown = [], []
+    lines = []
     for line in proc.stdout:  # streamed: a long stage (warmup) shows its epochs as they end
         lines.append(line.rstrip())
-        shown.append(False)
         if lines[-1].strip() and "%|" not in line:  # progress-bar frames stay out of the log
             logger.info("%s | %s", stage, lines[-1])  # the Prefect UI: every line
             if for_terminal(stage, lines[-1]):  # the terminal: the stage's own lines (DVC's and Lightning's chatter stay in Prefect)
                 print(f"{stage} | {lines[-1]}", flush=True)
-                shown[-1] = True
     proc.wait()
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
-        tail = [(line, seen) for line, seen in zip(lines[-25:], shown[-25:]) if line.strip()]
-        unseen = tuple(line for line, seen in tail if not seen and not DVC_CHATTER.match(line) and "%|" not in line)
-        raise StageError(f"stage {stage!r} failed (dvc repro exit {proc.returncode}):\n"
-                         + "\n".join(line for line, _ in tail), stage, unseen)
+        tail = [line for line in lines[-25:] if line.strip()]
+        unseen = tuple(line for line in tail  # what the terminal skipped, less DVC's chatter and progress bars
+                       if not for_terminal(stage, line) and not DVC_CHATTER.match(line) and "%|" not in line)
+        raise StageError(f"stage {stage!r} failed (dvc repro exit {proc.returncode}):\n" + "\n".join(tail),
+                         stage, unseen)
     ran = any(f"Running stage '{stage}'" in line for line in lines)
     return {"stage": stage, "ran": ran, "seconds": round(seconds, 2)}
 

@@ -282,6 +282,15 @@ def test_stage_entry_point_reports_bad_params_without_traceback(tmp_path):
     assert "prepare.val_fraction" in out.stderr and "Traceback" not in out.stderr
 
 
+def _cli_env(project: Path) -> dict:
+    """`envace run` as a user starts it: this venv's tools on PATH, its own Prefect server and MLflow store."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PREFECT_HOME": str(project / ".prefect")}
+    env.pop("PREFECT_API_URL", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
 def test_a_run_killed_between_stages_resumes_at_the_next_stage(tmp_path):
     """`envace run` (Prefect flow, DVC stages, its own Prefect server) kill -9'd as a stage is
     pinned in dvc.lock: the rerun finds every pinned stage up to date, keeps its outputs byte
@@ -291,10 +300,7 @@ def test_a_run_killed_between_stages_resumes_at_the_next_stage(tmp_path):
     import time
 
     project = make_project(tmp_path / "proj")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PREFECT_HOME": str(project / ".prefect")}
-    env.pop("PREFECT_API_URL", None)
-    env.pop("MLFLOW_TRACKING_URI", None)
+    env = _cli_env(project)
     run = [sys.executable, "-m", "envace.cli", "run", "--project-dir", str(project), "--until", "base_model"]
     lock = project / "dvc.lock"
     pinned = lambda: set((yaml.safe_load(lock.read_text()) or {}).get("stages", {})) if lock.exists() else set()  # noqa: E731
@@ -322,10 +328,7 @@ def test_a_failed_gate_under_envace_run_ends_in_its_reasons_and_one_line_without
     params = json.loads(json.dumps(TINY_PARAMS))
     params["validate_data"]["min_split_sizes"]["train"] = 10_000
     project = make_project(tmp_path / "proj", params)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PREFECT_HOME": str(project / ".prefect")}
-    env.pop("PREFECT_API_URL", None)
-    env.pop("MLFLOW_TRACKING_URI", None)
+    env = _cli_env(project)
     out = subprocess.run([sys.executable, "-m", "envace.cli", "run", "--project-dir", str(project), "--until",
                           "validate_data"], env=env, capture_output=True, text=True, timeout=900)
     terminal = out.stdout + out.stderr

@@ -328,9 +328,13 @@ class ScenarioFacts:
 
 
 def _touches(obj: dict, args: dict) -> bool:
-    return any((isinstance(v, str) and v and (v in obj.values() or any(
-                    isinstance(x, str) and x.startswith(f"{v}/") for x in obj.values())))
+    return any((isinstance(v, str) and _holds(obj, v))
                or (isinstance(v, (int, float)) and not isinstance(v, bool) and obj.get(k) == v) for k, v in args.items())
+
+
+def _holds(obj: dict, name: str) -> bool:
+    """`name` is one of obj's values, or leads a path-like one (`owner` of `owner/name`)."""
+    return bool(name) and any(x == name or (isinstance(x, str) and x.startswith(f"{name}/")) for x in obj.values())
 
 
 def _innermost(obj: Any, args: dict) -> list:
