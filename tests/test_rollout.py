@@ -65,6 +65,72 @@ def test_sampling_is_seeded_per_row_whatever_shares_the_batch(tiny_model):
         generate(tiny_model, [[5, 6]], 3, -1, 0, 1.0)
 
 
+
+def _gqa_model():
+    """A Llama with grouped-query attention and llama3 rope scaling, as SmolLM2-like checkpoints have."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("which", ["embedded", "gqa"])
+def test_lean_decoder_logits_equal_the_models_forward(tiny_model, which):
+    from envace.rollout.lean import LeanDecoder
+
+    model = tiny_model if which == "embedded" else _gqa_model()
+    prompts, new = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18]], [[20, 21, 22], [23, 24, 25], [26, 27, 28]]
+    P = max(map(len, prompts))
+    ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    decoder = LeanDecoder(model, 3, P + 3)
+    with torch.no_grad():
+        got = [decoder.prefill(ids, mask, positions)]
+        for t in range(3):
+            got.append(decoder.step(torch.tensor([row[t] for row in new]), positions[:, -1] + 1 + t))
+        full = torch.cat([ids, torch.tensor(new)], 1)
+        full_mask = torch.cat([mask, torch.ones(3, 3, dtype=mask.dtype)], 1)
+        want = model(input_ids=full, attention_mask=full_mask, position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0)).logits
+    for t, logits in enumerate(got):
+        torch.testing.assert_close(logits, want[:, P - 1 + t], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_lean_generation_gives_the_same_tokens_as_the_models_forward(tiny_model, temperature):
+    from envace.rollout.generate import mix64
+
+    rng = random.Random(3)
+    prompts = [[rng.randrange(20, 200) for _ in range(rng.randint(2, 30))] for _ in range(24)]
+    streams = [mix64(7, i) for i in range(24)]
+    run = lambda stop, lean: generate(tiny_model, prompts, 12, stop, 0, temperature, 0.9, streams, lean=lean)  # noqa: E731
+    reference = run(-1, False)
+    stop = reference[0][3]  # a token some rows really produce: they finish early and leave the batch
+    assert run(-1, True) == reference
+    finished = run(stop, False)
+    assert run(stop, True) == finished and any(len(o) < 12 for o in finished)
+
+
+def test_lean_decoding_refuses_a_model_it_does_not_support(tiny_model):
+    import copy
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from envace.rollout.lean import supports
+
+    assert supports(tiny_model) and supports(_gqa_model())
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2)).eval()
+    half = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    for model, name in ((gpt2, "GPT2LMHeadModel"), (half, "bfloat16")):
+        assert not supports(model)
+        with pytest.raises(ValueError, match=name):
+            generate(model, [[5, 6]], 3, -1, 0, lean=True)
+    assert generate(gpt2, [[5, 6]], 3, -1, 0) == generate(gpt2, [[5, 6]], 3, -1, 0)  # the default path takes any model
+
 def test_inverse_cdf_sampling_follows_the_distribution():
     from envace.rollout.generate import sample_next, uniforms
 

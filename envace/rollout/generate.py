@@ -1,7 +1,9 @@
 """Batched sampling with a KV cache: left padding, per-sequence stop, temperature / top-p.
 
-Every sequence in the batch is prefilled once, then decoded one token per step with the
-model's KV cache; a sequence that produced the stop token (or reached its budget) is done
+Every sequence in the batch is prefilled once, then decoded one token per step with a KV
+cache — the model's own forward with transformers' cache, or with `lean=True` the lean
+decoder of `envace.rollout.lean` (Llama models on the CPU; the same tokens up to float
+rounding, ~1.4-1.9x faster per step); a sequence that produced the stop token (or reached its budget) is done
 and the batch shrinks to the live rows, so long stragglers do not pay for finished ones.
 
 Randomness is per row, not per batch: row i's t-th token is drawn by inverse-CDF sampling
@@ -76,15 +78,52 @@ def cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+class CachedForward:
+    """The model's own forward with transformers' dynamic KV cache (any model, any device)."""
+
+    def __init__(self, model):
+        from transformers import DynamicCache
+
+        self.model, self.cache = model, DynamicCache(config=model.config)
+        self.with_cache = {cache_kwarg(model): self.cache, "use_cache": True}
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.mask = mask
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **self.with_cache, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=-1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=positions[:, None], **self.with_cache)
+        return out.logits[:, -1]
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.mask = self.mask[rows]
+        self.cache.batch_select_indices(rows)
+
+
+def decoder_for(model, batch: int, columns: int, lean: bool = False):
+    """The lean decoder (`lean=True`, a model it supports) or the model's own forward.
+    Off by default: the pipeline's pinned outputs were decoded by the model's forward, and
+    lean decoding differs from it by float rounding, which greedy ties and RL amplify."""
+    from envace.rollout import lean as lean_decoding
+
+    if not lean:
+        return CachedForward(model)
+    if not lean_decoding.supports(model):
+        raise ValueError(f"lean decoding needs a plain Llama model in float32 on the CPU, not {type(model).__name__} "
+                         f"({next(model.parameters()).dtype} on {next(model.parameters()).device})")
+    return lean_decoding.LeanDecoder(model, batch, columns)
+
+
 @torch.no_grad()
 def generate(
     model, prompts: list[list[int]], max_new_tokens: int, stop_id: int, pad_id: int,
-    temperature: float = 0.0, top_p: float = 1.0, streams: list[int] | None = None,
+    temperature: float = 0.0, top_p: float = 1.0, streams: list[int] | None = None, lean: bool = False,
 ) -> list[list[int]]:
     """Continue each prompt; returns the new tokens of each (the stop token included if produced).
-    Sampling (temperature > 0) needs one stream key per prompt (`mix64`)."""
-    from transformers import DynamicCache
-
+    Sampling (temperature > 0) needs one stream key per prompt (`mix64`). `lean`: decode with
+    `envace.rollout.lean` (a ValueError names a model it does not support)."""
     if not prompts:
         return []
     if temperature > 0 and (streams is None or len(streams) != len(prompts)):
@@ -99,13 +138,11 @@ def generate(
     ids, mask = ids.to(device), mask.to(device)
     keys = np.array(streams if temperature > 0 else [0] * B, dtype=np.uint64)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
-    cache = DynamicCache(config=model.config)
-    with_cache = {cache_kwarg(model): cache, "use_cache": True}
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **with_cache, logits_to_keep=1)
+    decoder = decoder_for(model, B, P + max_new_tokens, lean)
+    logits = decoder.prefill(ids, mask, positions)  # [B, V]
     outputs: list[list[int]] = [[] for _ in range(B)]
     live = torch.arange(B, device=device)  # rows of the original batch still decoding
-    next_pos = positions[:, -1:] + 1  # [B, 1]
-    logits = out.logits[:, -1]  # [B, V]
+    next_pos = positions[:, -1] + 1  # [B]
     for t in range(max_new_tokens):
         u = torch.from_numpy(uniforms(keys[live.cpu().numpy()], t)) if temperature > 0 else None
         token = sample_next(logits, temperature, top_p, u)  # [L]
@@ -116,10 +153,8 @@ def generate(
             break
         if not still.all():  # drop finished rows from the batch and the cache
             keep = still.nonzero().squeeze(-1)
-            live, token, mask, next_pos = live[keep], token[keep], mask[keep], next_pos[keep]
-            cache.batch_select_indices(keep)
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, **with_cache)
+            live, token, next_pos = live[keep], token[keep], next_pos[keep]
+            decoder.keep(keep)
+        logits = decoder.step(token, next_pos)
         next_pos = next_pos + 1
-        logits = out.logits[:, -1]
     return outputs

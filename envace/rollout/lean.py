@@ -1,0 +1,122 @@
+"""A lean decoder for Llama-architecture models (the embedded default, SmolLM2): the decode
+step written out over a static KV cache, for `generate` on the CPU.
+
+Why: a decode step of a small model is a few microseconds of arithmetic per row; through
+transformers' module stack (cache objects, mask building, hooks, one small kernel per
+projection) it pays a fixed cost per step that dominates. The prompt's prefill — one large batched pass,
+where that cost vanishes — stays the model's own forward; a decode step here is the same
+arithmetic as the model's own forward — RMSNorm, rotary embeddings, grouped-query
+attention, SwiGLU — read from the model's own parameters (so it always decodes the weights
+training just updated), with keys stored transposed in a preallocated cache so attention
+is two plain matmuls. Results equal the model's forward up to float rounding
+(`tests/test_rollout.py` checks logits and the tokens generated).
+
+Shapes: B rows, P prompt columns, H query heads, G key/value
+heads, D head size, E hidden size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def supports(model) -> bool:
+    """A plain Llama-architecture model (no adapters, default or precomputed rope scaling,
+    no biases, SiLU gates) on the CPU in float32."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) != "llama" or type(model).__name__ != "LlamaForCausalLM":
+        return False
+    rope = getattr(cfg, "rope_scaling", None) or {}
+    param = next(model.parameters())
+    return (param.device.type == "cpu" and param.dtype == torch.float32 and not getattr(cfg, "attention_bias", False)
+            and not getattr(cfg, "mlp_bias", False) and cfg.hidden_act == "silu"
+            and rope.get("rope_type", rope.get("type", "default")) in ("default", "llama3", "linear")
+            and not torch.is_autocast_enabled("cpu"))
+
+
+class LeanDecoder:
+    """Prefill once, then one token per row per `step`; `keep` drops finished rows."""
+
+    def __init__(self, model, batch: int, columns: int):
+        cfg, inner = model.config, model.model
+        self.model = model
+        self.layers, self.norm, self.embed = inner.layers, inner.norm, inner.embed_tokens.weight
+        self.head = model.lm_head.weight
+        self.H, self.G = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
+        self.eps = cfg.rms_norm_eps
+        self.inv_freq, self.rope_scale = inner.rotary_emb.inv_freq.float(), inner.rotary_emb.attention_scaling
+        n, dtype = len(self.layers), self.embed.dtype
+        self.keys = torch.zeros(n, batch, self.G, self.D, columns, dtype=dtype)  # transposed: q @ k is a plain matmul
+        self.values = torch.zeros(n, batch, self.G, columns, self.D, dtype=dtype)
+        self.bias = torch.full((batch, 1, 1, columns), float("-inf"), dtype=dtype)  # 0 where a row may look
+        self.filled = 0  # columns written
+
+    # -- the model's arithmetic ------------------------------------------------------------------
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B] → cos, sin [B, 1, D] (one angle set for every head)."""
+        freqs = positions[:, None].float() * self.inv_freq  # [B, D/2]
+        angles = torch.cat((freqs, freqs), -1)
+        return (angles.cos() * self.rope_scale)[:, None], (angles.sin() * self.rope_scale)[:, None]
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+    def _attend(self, q: torch.Tensor, layer: int, end: int, bias: torch.Tensor) -> torch.Tensor:
+        """One new query per row against the cache: q [B, H, D], bias [B, 1, 1, end] → [B, H * D]."""
+        B, R = q.shape[0], self.H // self.G
+        scores = q.view(B, self.G, R, self.D) @ self.keys[layer, :B, :, :, :end]  # [B, G, R, end]
+        weights = torch.softmax(scores * (1 / math.sqrt(self.D)) + bias, -1)
+        return (weights @ self.values[layer, :B, :, :end]).view(B, self.H * self.D)
+
+    # -- the decoding interface --------------------------------------------------------------------
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Left-padded prompts ids, mask, positions [B, P] → logits at the last column [B, V].
+        The model's own forward: one large batched pass, where transformers costs nothing extra;
+        its cache is then copied into the static one."""
+        from envace.rollout.generate import CachedForward
+
+        B, P = ids.shape
+        first = CachedForward(self.model)
+        logits = first.prefill(ids, mask, positions)
+        for i, layer in enumerate(first.cache.layers):
+            self.keys[i, :B, :, :, :P] = layer.keys.transpose(-1, -2)
+            self.values[i, :B, :, :P] = layer.values
+        self.bias[:B, :, :, :P] = torch.where(mask.bool(), 0.0, float("-inf"))[:, None, None]
+        self.filled = P
+        return logits
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens, positions [B] (one new token per live row) → logits [B, V]: the model's
+        arithmetic for one token, its key and value written at the next cache column."""
+        B, column = tokens.shape[0], self.filled
+        self.bias[:B, :, :, column] = 0.0
+        bias = self.bias[:B, :, :, : column + 1]
+        cos, sin = self._rope(positions)
+        x = self.embed[tokens]  # [B, E]
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            h = self._rms(x, layer.input_layernorm.weight)
+            q = self._rotate(F.linear(h, attn.q_proj.weight).view(B, self.H, self.D), cos, sin)
+            self.keys[i, :B, :, :, column] = self._rotate(F.linear(h, attn.k_proj.weight).view(B, self.G, self.D), cos, sin)
+            self.values[i, :B, :, column] = F.linear(h, attn.v_proj.weight).view(B, self.G, self.D)
+            x = x + F.linear(self._attend(q, i, column + 1, bias), attn.o_proj.weight)
+            h = self._rms(x, layer.post_attention_layernorm.weight)
+            x = x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
+        self.filled = column + 1
+        return F.linear(self._rms(x, self.norm.weight), self.head)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Only `rows` (indices into the live rows) decode on."""
+        n = rows.shape[0]
+        self.keys[:, :n] = self.keys[:, rows]
+        self.values[:, :n] = self.values[:, rows]
+        self.bias[:n] = self.bias[rows]
