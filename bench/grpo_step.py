@@ -42,13 +42,25 @@ def update_seconds(module, rows, old_pass: bool) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+def grpo_module(variant: str, model_path: str):
+    """The stage's GRPOModule for `variant` on the model at `model_path`, default params."""
     from envace.config import load_params
     from envace.domains.base import Task
     from envace.io import read_jsonl
     from envace.model import load
     from envace.rollout.runner import Policy
-    from envace.train.grpo import GRPOModule, generation_rows, leak_words_of
+    from envace.train.grpo import GRPOModule, leak_words_of
+
+    params = load_params("params.yaml")
+    model, tokenizer = load(model_path)
+    episodes = list(read_jsonl("data/prepared/train.jsonl"))
+    simulator = Policy(load(model_path)[0].eval(), tokenizer) if variant == "simulator" else None
+    return GRPOModule(Policy(model, tokenizer), [Task.from_dict(e["task"]) for e in episodes], variant,
+                      params.train, params.rollout, params.roles, leak_words_of(episodes), simulator)
+
+
+def main() -> None:
+    from envace.train.grpo import generation_rows
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", default="envace", choices=("envace", "real_env", "simulator"))
@@ -57,12 +69,7 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(2)
-    params = load_params("params.yaml")
-    model, tokenizer = load(args.model)
-    episodes = list(read_jsonl("data/prepared/train.jsonl"))
-    simulator = Policy(load(args.model)[0].eval(), tokenizer) if args.variant == "simulator" else None
-    module = GRPOModule(Policy(model, tokenizer), [Task.from_dict(e["task"]) for e in episodes], args.variant,
-                        params.train, params.rollout, params.roles, leak_words_of(episodes), simulator)
+    module = grpo_module(args.variant, args.model)
     with torch.no_grad():
         tasks, _, streams = module.sample_tasks(0)
         played = module.runner.run(tasks, streams)

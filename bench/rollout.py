@@ -1,10 +1,14 @@
-"""Generated tokens/s: our batched KV-cache generation vs transformers `generate`, same model.
+"""Generated tokens/s: our batched generation (lean decoder, and the model's own forward with
+its KV cache) vs transformers `generate`, same model.
 
 Run: `.venv/bin/python bench/rollout.py [--model models/warmup]` (default: the embedded
 default architecture from params.yaml with random weights and the prepared tokenizer).
-Both sides decode greedily for exactly `new` tokens from the same left-padded prompts of
-uneven length; each cell is timed alternately (ours, HF, ours, HF, ...) and the median of
-`--repeats` runs is reported, so the ratio holds when the machine's speed drifts.
+Every side decodes greedily for exactly `new` tokens from the same left-padded prompts of
+uneven length; each cell is timed in turn (lean, forward, HF, lean, ...) and the median of
+`--repeats` runs is reported, so the ratios hold when the machine's speed drifts. Also timed:
+one new token only (the prefill), which gives the prefill's share of HF's time and the decode
+steps' ratio alone. Writes the lean/HF ratio per batch size (at the first prompt length) to
+`metrics/bench_rollout.json`.
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(20, vocab) for _ in range(rng.randint(length // 2, length))] for _ in range(batch)]
 
 
-def ours(model, prompts, new):
+def lean(model, prompts, new):
+    from envace.rollout.generate import generate
+
+    return generate(model, prompts, new, stop_id=-1, pad_id=0, lean=True)
+
+
+def forward(model, prompts, new):
     from envace.rollout.generate import generate
 
     return generate(model, prompts, new, stop_id=-1, pad_id=0)
@@ -40,10 +50,11 @@ def hf(model, prompts, new):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a saved checkpoint dir (default: embedded default, random weights)")
-    parser.add_argument("--batches", default="1,16,64")
-    parser.add_argument("--lengths", default="64,160", help="max prompt lengths")
+    parser.add_argument("--batches", default="1,64,128")
+    parser.add_argument("--lengths", default="160,64", help="max prompt lengths")
     parser.add_argument("--new", type=int, default=32, help="tokens generated per sequence")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="metrics/bench_rollout.json", help="where the ratios go ('' = nowhere)")
     args = parser.parse_args()
 
     torch.set_num_threads(2)
@@ -64,22 +75,35 @@ def main() -> None:
     vocab = model.config.vocab_size
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, {args.new} new tokens per sequence, "
           f"median of {args.repeats}")
-    print(f"{'batch':>5} {'prompt':>6} {'ours tok/s':>11} {'HF tok/s':>9} {'ours/HF':>8}")
+    print(f"{'batch':>5} {'prompt':>6} {'lean tok/s':>11} {'forward tok/s':>14} {'HF tok/s':>9} {'lean/HF':>8} "
+          f"{'forward/HF':>11} {'HF prefill':>11} {'decode lean/HF':>15}")
+    runs = [("lean", lean, args.new), ("forward", forward, args.new), ("hf", hf, args.new), ("lean", lean, 1), ("hf", hf, 1)]
+    ratios = {}
     for batch in map(int, args.batches.split(",")):
         for length in map(int, args.lengths.split(",")):
             prompts = _prompts(batch, length, vocab, seed=batch * 1000 + length)
+            times = {(name, new): [] for name, _, new in runs}
             with torch.no_grad():
-                ours(model, prompts[:1], 2), hf(model, prompts[:1], 2)  # warm-up
-                times = {"ours": [], "hf": []}
+                for _, fn, _ in runs[:3]:
+                    fn(model, prompts[:1], 2)  # warm-up
                 for _ in range(args.repeats):
-                    for name, fn in (("ours", ours), ("hf", hf)):
+                    for name, fn, new in runs:
                         start = time.perf_counter()
-                        fn(model, prompts, args.new)
-                        times[name].append(time.perf_counter() - start)
-            tok = batch * args.new
-            a, b = tok / statistics.median(times["ours"]), tok / statistics.median(times["hf"])
-            print(f"{batch:>5} {length:>6} {a:>11.0f} {b:>9.0f} {a / b:>8.2f}")
+                        fn(model, prompts, new)
+                        times[name, new].append(time.perf_counter() - start)
+            t = {key: statistics.median(v) for key, v in times.items()}
+            full = {name: t[name, args.new] for name in ("lean", "forward", "hf")}
+            ratios.setdefault(str(batch), round(full["hf"] / full["lean"], 3))
+            # one generated token is the prefill (and one sampling); the rest is the decode steps
+            decode = (full["hf"] - t["hf", 1]) / max(full["lean"] - t["lean", 1], 1e-9)
+            print(f"{batch:>5} {length:>6} {batch * args.new / full['lean']:>11.0f} {batch * args.new / full['forward']:>14.0f} "
+                  f"{batch * args.new / full['hf']:>9.0f} {full['hf'] / full['lean']:>8.2f} {full['hf'] / full['forward']:>11.2f} "
+                  f"{t['hf', 1] / full['hf']:>11.0%} {decode:>15.2f}")
+    if args.out:
+        from envace.io import write_json
 
+        write_json(args.out, {"ratio": ratios})
+        print(f"wrote {args.out}: lean/HF at prompt length {args.lengths.split(',')[0]}")
 
 if __name__ == "__main__":
     main()
