@@ -36,7 +36,7 @@ def lean(model, prompts, new):
 def forward(model, prompts, new):
     from envace.rollout.generate import generate
 
-    return generate(model, prompts, new, stop_id=-1, pad_id=0)
+    return generate(model, prompts, new, stop_id=-1, pad_id=0, lean=False)
 
 
 def hf(model, prompts, new):

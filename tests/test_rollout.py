@@ -129,7 +129,14 @@ def test_lean_decoding_refuses_a_model_it_does_not_support(tiny_model):
         assert not supports(model)
         with pytest.raises(ValueError, match=name):
             generate(model, [[5, 6]], 3, -1, 0, lean=True)
-    assert generate(gpt2, [[5, 6]], 3, -1, 0) == generate(gpt2, [[5, 6]], 3, -1, 0)  # the default path takes any model
+    # the default: lean wherever the model allows it, else the model's own forward
+    from envace.rollout.generate import CachedForward, decoder_for
+    from envace.rollout.lean import LeanDecoder
+
+    assert isinstance(decoder_for(tiny_model, 2, 8), LeanDecoder)
+    assert isinstance(decoder_for(tiny_model, 2, 8, lean=False), CachedForward)
+    assert isinstance(decoder_for(gpt2, 2, 8), CachedForward) and isinstance(decoder_for(half, 2, 8), CachedForward)
+    assert len(generate(gpt2, [[5, 6]], 3, -1, 0)[0]) == 3
 
 def test_inverse_cdf_sampling_follows_the_distribution():
     from envace.rollout.generate import sample_next, uniforms

@@ -1,9 +1,9 @@
 """Batched sampling with a KV cache: left padding, per-sequence stop, temperature / top-p.
 
 Every sequence in the batch is prefilled once, then decoded one token per step with a KV
-cache — the model's own forward with transformers' cache, or with `lean=True` the lean
-decoder of `envace.rollout.lean` (Llama models on the CPU; the same tokens up to float
-rounding, ~1.4-1.9x faster per step); a sequence that produced the stop token (or reached its budget) is done
+cache — the lean decoder of `envace.rollout.lean` wherever the model allows it (Llama models
+in float32 on the CPU: the same tokens up to float rounding, decode steps ~1.5-1.9x faster),
+else the model's own forward with transformers' cache; a sequence that produced the stop token (or reached its budget) is done
 and the batch shrinks to the live rows, so long stragglers do not pay for finished ones.
 
 Randomness is per row, not per batch: row i's t-th token is drawn by inverse-CDF sampling
@@ -102,12 +102,13 @@ class CachedForward:
         self.cache.batch_select_indices(rows)
 
 
-def decoder_for(model, batch: int, columns: int, lean: bool = False):
-    """The lean decoder (`lean=True`, a model it supports) or the model's own forward.
-    Off by default: the pipeline's pinned outputs were decoded by the model's forward, and
-    lean decoding differs from it by float rounding, which greedy ties and RL amplify."""
+def decoder_for(model, batch: int, columns: int, lean: bool | None = None):
+    """The lean decoder (`lean=True`; None: wherever the model allows it) or the model's own
+    forward (`lean=False`, or a model lean decoding does not take)."""
     from envace.rollout import lean as lean_decoding
 
+    if lean is None:
+        lean = lean_decoding.supports(model)
     if not lean:
         return CachedForward(model)
     if not lean_decoding.supports(model):
@@ -119,11 +120,12 @@ def decoder_for(model, batch: int, columns: int, lean: bool = False):
 @torch.no_grad()
 def generate(
     model, prompts: list[list[int]], max_new_tokens: int, stop_id: int, pad_id: int,
-    temperature: float = 0.0, top_p: float = 1.0, streams: list[int] | None = None, lean: bool = False,
+    temperature: float = 0.0, top_p: float = 1.0, streams: list[int] | None = None, lean: bool | None = None,
 ) -> list[list[int]]:
     """Continue each prompt; returns the new tokens of each (the stop token included if produced).
     Sampling (temperature > 0) needs one stream key per prompt (`mix64`). `lean`: decode with
-    `envace.rollout.lean` (a ValueError names a model it does not support)."""
+    `envace.rollout.lean` (None: wherever the model allows it; True: a ValueError names a model
+    it does not take; False: the model's forward)."""
     if not prompts:
         return []
     if temperature > 0 and (streams is None or len(streams) != len(prompts)):
