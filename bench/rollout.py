@@ -14,6 +14,7 @@ steps' ratio alone. Writes the lean/HF ratio per batch size (at the first prompt
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import statistics
 import time
@@ -27,16 +28,10 @@ def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(20, vocab) for _ in range(rng.randint(length // 2, length))] for _ in range(batch)]
 
 
-def lean(model, prompts, new):
+def ours(model, prompts, new, lean: bool):
     from envace.rollout.generate import generate
 
-    return generate(model, prompts, new, stop_id=-1, pad_id=0, lean=True)
-
-
-def forward(model, prompts, new):
-    from envace.rollout.generate import generate
-
-    return generate(model, prompts, new, stop_id=-1, pad_id=0, lean=False)
+    return generate(model, prompts, new, stop_id=-1, pad_id=0, lean=lean)
 
 
 def hf(model, prompts, new):
@@ -77,6 +72,7 @@ def main() -> None:
           f"median of {args.repeats}")
     print(f"{'batch':>5} {'prompt':>6} {'lean tok/s':>11} {'forward tok/s':>14} {'HF tok/s':>9} {'lean/HF':>8} "
           f"{'forward/HF':>11} {'HF prefill':>11} {'decode lean/HF':>15}")
+    lean, forward = functools.partial(ours, lean=True), functools.partial(ours, lean=False)
     runs = [("lean", lean, args.new), ("forward", forward, args.new), ("hf", hf, args.new), ("lean", lean, 1), ("hf", hf, 1)]
     ratios = {}
     for batch in map(int, args.batches.split(",")):

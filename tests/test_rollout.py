@@ -65,7 +65,6 @@ def test_sampling_is_seeded_per_row_whatever_shares_the_batch(tiny_model):
         generate(tiny_model, [[5, 6]], 3, -1, 0, 1.0)
 
 
-
 def _gqa_model():
     """A Llama with grouped-query attention and llama3 rope scaling, as SmolLM2-like checkpoints have."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -137,6 +136,7 @@ def test_lean_decoding_refuses_a_model_it_does_not_support(tiny_model):
     assert isinstance(decoder_for(tiny_model, 2, 8, lean=False), CachedForward)
     assert isinstance(decoder_for(gpt2, 2, 8), CachedForward) and isinstance(decoder_for(half, 2, 8), CachedForward)
     assert len(generate(gpt2, [[5, 6]], 3, -1, 0)[0]) == 3
+
 
 def test_inverse_cdf_sampling_follows_the_distribution():
     from envace.rollout.generate import sample_next, uniforms

@@ -3,8 +3,8 @@
 Every sequence in the batch is prefilled once, then decoded one token per step with a KV
 cache — the lean decoder of `envace.rollout.lean` wherever the model allows it (Llama models
 in float32 on the CPU: the same tokens up to float rounding, decode steps ~1.5-1.9x faster),
-else the model's own forward with transformers' cache; a sequence that produced the stop token (or reached its budget) is done
-and the batch shrinks to the live rows, so long stragglers do not pay for finished ones.
+else the model's own forward with transformers' cache. A sequence that produced the stop
+token (or reached its budget) is done and the batch shrinks to the live rows, so long stragglers do not pay for finished ones.
 
 Randomness is per row, not per batch: row i's t-th token is drawn by inverse-CDF sampling
 with the uniform `uniforms(stream[i], t)`, a counter-based hash (splitmix64) of the row's
@@ -107,11 +107,10 @@ def decoder_for(model, batch: int, columns: int, lean: bool | None = None):
     forward (`lean=False`, or a model lean decoding does not take)."""
     from envace.rollout import lean as lean_decoding
 
-    if lean is None:
-        lean = lean_decoding.supports(model)
-    if not lean:
+    supported = lean_decoding.supports(model)
+    if lean is False or (lean is None and not supported):
         return CachedForward(model)
-    if not lean_decoding.supports(model):
+    if not supported:
         raise ValueError(f"lean decoding needs a plain Llama model in float32 on the CPU, not {type(model).__name__} "
                          f"({next(model.parameters()).dtype} on {next(model.parameters()).device})")
     return lean_decoding.LeanDecoder(model, batch, columns)

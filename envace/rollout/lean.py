@@ -3,16 +3,16 @@ step written out over a static KV cache, for `generate` on the CPU.
 
 Why: a decode step of a small model is a few microseconds of arithmetic per row; through
 transformers' module stack (cache objects, mask building, hooks, one small kernel per
-projection) it pays a fixed cost per step that dominates. The prompt's prefill — one large batched pass,
-where that cost vanishes — stays the model's own forward; a decode step here is the same
-arithmetic as the model's own forward — RMSNorm, rotary embeddings, grouped-query
-attention, SwiGLU — read from the model's own parameters (so it always decodes the weights
-training just updated), with keys stored transposed in a preallocated cache so attention
-is two plain matmuls. Results equal the model's forward up to float rounding
-(`tests/test_rollout.py` checks logits and the tokens generated).
+projection) it pays a fixed cost per step that dominates. The prompt's prefill — one large
+batched pass, where that cost vanishes — stays the model's forward; a decode step here is the
+same arithmetic — RMSNorm, rotary embeddings, grouped-query attention, SwiGLU — read from the
+model's own parameters (so it always decodes the weights training just updated), with keys
+stored transposed in a preallocated cache so attention is two plain matmuls. Results equal
+the model's forward up to float rounding (`tests/test_rollout.py` checks logits and the
+tokens generated).
 
-Shapes: B rows, P prompt columns, H query heads, G key/value
-heads, D head size, E hidden size, V vocabulary.
+Shapes: B rows, P prompt columns, H query heads, G key/value heads, D head size, E hidden
+size, V vocabulary.
 """
 
 from __future__ import annotations
@@ -70,9 +70,10 @@ class LeanDecoder:
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
-    def _attend(self, q: torch.Tensor, layer: int, end: int, bias: torch.Tensor) -> torch.Tensor:
-        """One new query per row against the cache: q [B, H, D], bias [B, 1, 1, end] → [B, H * D]."""
-        B, R = q.shape[0], self.H // self.G
+    def _attend(self, q: torch.Tensor, layer: int, bias: torch.Tensor) -> torch.Tensor:
+        """One new query per row against the cache's first `end` columns: q [B, H, D],
+        bias [B, 1, 1, end] → [B, H * D]."""
+        B, R, end = q.shape[0], self.H // self.G, bias.shape[-1]
         scores = q.view(B, self.G, R, self.D) @ self.keys[layer, :B, :, :, :end]  # [B, G, R, end]
         weights = torch.softmax(scores * (1 / math.sqrt(self.D)) + bias, -1)
         return (weights @ self.values[layer, :B, :, :end]).view(B, self.H * self.D)
@@ -108,7 +109,7 @@ class LeanDecoder:
             q = self._rotate(F.linear(h, attn.q_proj.weight).view(B, self.H, self.D), cos, sin)
             self.keys[i, :B, :, :, column] = self._rotate(F.linear(h, attn.k_proj.weight).view(B, self.G, self.D), cos, sin)
             self.values[i, :B, :, column] = F.linear(h, attn.v_proj.weight).view(B, self.G, self.D)
-            x = x + F.linear(self._attend(q, i, column + 1, bias), attn.o_proj.weight)
+            x = x + F.linear(self._attend(q, i, bias), attn.o_proj.weight)
             h = self._rms(x, layer.post_attention_layernorm.weight)
             x = x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
         self.filled = column + 1
