@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -32,10 +33,19 @@ def _run(args) -> int:
             return 2
         print(f"profile {args.profile} written into params.yaml ({len(changed)} value(s); `git checkout params.yaml` "
               "returns to the default):\n  " + "\n  ".join(changed or ["(already applied)"]), flush=True)
+    from flows.serve import ServeError, TemporaryPrefectServer  # the standard library only: Prefect is not imported
+
+    # no server named: a temporary one of our own, booting while Prefect is imported
+    server = None if os.environ.get("PREFECT_API_URL") else TemporaryPrefectServer()
     from flows.full_pipeline import envace_flow
 
     try:
+        if server is not None:
+            server.wait()
         summary = envace_flow(project_dir=str(root), until=args.until)
+    except ServeError as err:
+        print(f"envace run: {err}", file=sys.stderr)
+        return 1
     except Exception as err:  # the flow already logged the details (the Prefect UI has them all)
         print(failure_lines(err), file=sys.stderr)
         return 1

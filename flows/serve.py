@@ -13,7 +13,9 @@ worker then finds the servers through PREFECT_API_URL and MLFLOW_TRACKING_URI.
 
 from __future__ import annotations
 
+import atexit
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,7 +75,7 @@ def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float = 120) 
                     return
         except OSError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise ServeError(f"{url} did not answer within {timeout:.0f}s")
 
 
@@ -144,6 +146,65 @@ def terminate(proc: subprocess.Popen, grace: float = 15) -> None:
         proc.wait()
     except ProcessLookupError:
         pass
+
+
+class TemporaryPrefectServer:
+    """Prefect's temporary server, as Prefect itself starts one when no PREFECT_API_URL names a
+    server (its API without the UI, on a free port of 127.0.0.1, the project's `.prefect`
+    database) — but started by `envace run` before it imports Prefect, so that the server's
+    own start-up (importing the server, checking the database: seconds) runs beside the flow's
+    imports and `dvc status` instead of after them. It dies with `envace run`, even by SIGKILL."""
+
+    def __init__(self):
+        self.port = _free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        self.log = Path(os.environ.get("PREFECT_HOME", ".prefect")) / "temporary-server.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", "--host",
+                 "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        # registered before Prefect's own exit handlers, so it runs after them (last in, first out):
+        # the flow's last log lines reach the server before it stops
+        atexit.register(self.stop)
+        # what this process's Prefect talks to (set before Prefect is imported); run links point to
+        # `make serve-prefect`'s UI, which shows the same database once this server is gone
+        os.environ["PREFECT_API_URL"] = self.api_url
+        os.environ.setdefault("PREFECT_UI_URL", f"http://127.0.0.1:{os.environ.get('PREFECT_PORT', '4200')}")
+
+    def wait(self, timeout: float = 90) -> None:
+        try:
+            wait_healthy(f"{self.api_url}/health", self.proc, timeout)
+        except ServeError as err:
+            self.stop()
+            raise ServeError(f"the temporary Prefect server on port {self.port} did not start ({err}): "
+                             f"{_last_error(self.log)} (its whole output: {self.log})") from None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _last_error(log: Path) -> str:
+    """The exception a server's output ends in (`sqlalchemy.exc.OperationalError: ...`), else its last line."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"[\w.]+(?:Error|Exception): ", line)]
+    return (errors or lines or ["(no output)"])[-1]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def serve_deployment(root: Path, cron: str, s: dict[str, str]) -> int:

@@ -308,8 +308,13 @@ def test_a_run_killed_between_stages_resumes_at_the_next_stage(tmp_path):
     deadline = time.time() + 600
     while "prepare" not in pinned() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
+    servers = _temporary_servers(proc.pid)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    assert servers, "envace run started no temporary Prefect server of its own"
+    while any(Path(f"/proc/{pid}").exists() for pid in servers) and time.time() < deadline:
+        time.sleep(0.05)  # the server dies with its parent (SIGTERM on the parent's death)
+    assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()], "the temporary Prefect server outlived envace run"
     before = pinned()
     assert "prepare" in before and "base_model" not in before, f"killed too late or too early: {before}"
     digest = lambda: {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in (project / "data/prepared").glob("*.jsonl")}  # noqa: E731
@@ -320,6 +325,57 @@ def test_a_run_killed_between_stages_resumes_at_the_next_stage(tmp_path):
     assert all(status[s] == "up to date" for s in before), status
     assert status["base_model"] == "ran" and digest() == kept
     assert pinned() == {"collect", "prepare", "validate_data", "base_model"}
+
+
+def _temporary_servers(parent: int) -> list[int]:
+    """The pids of the Prefect servers (uvicorn) that process `parent` started."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields, cmdline = stat.read_text().rsplit(")", 1)[1].split(), (stat.parent / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == parent and b"prefect.server.api.server:create_app" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_the_temporary_prefect_server_dies_with_envace_run(tmp_path):
+    """`kill -9` of `envace run` alone (not its process group): its Prefect server goes too."""
+    import signal
+    import time
+
+    project = make_project(tmp_path / "proj")
+    proc = subprocess.Popen([sys.executable, "-m", "envace.cli", "run", "--project-dir", str(project), "--until", "collect"],
+                            env=_cli_env(project), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    try:
+        while not (servers := _temporary_servers(proc.pid)) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert servers, "envace run started no temporary Prefect server of its own"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        while any(Path(f"/proc/{pid}").exists() for pid in servers) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()], "the server outlived envace run"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever else the run had started
+        except ProcessLookupError:
+            pass
+
+
+def test_a_prefect_server_that_cannot_start_is_one_line_naming_why(tmp_path):
+    """`envace run` starts its own temporary Prefect server; when that cannot start (here: its
+    database cannot be opened), one line says so and why, and no stage runs."""
+    project = make_project(tmp_path / "proj")
+    env = _cli_env(project) | {"PREFECT_API_DATABASE_CONNECTION_URL": "sqlite+aiosqlite:////nonexistent/dir/prefect.db"}
+    out = subprocess.run([sys.executable, "-m", "envace.cli", "run", "--project-dir", str(project), "--until", "collect"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert "the temporary Prefect server" in last and "unable to open database file" in last, last
+    assert "temporary-server.log" in last and not (project / "data" / "raw").exists()
 
 
 def test_a_failed_gate_under_envace_run_ends_in_its_reasons_and_one_line_without_traceback(tmp_path):
