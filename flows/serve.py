@@ -153,7 +153,7 @@ class TemporaryPrefectServer:
     server (its API without the UI, on a free port of 127.0.0.1, the project's `.prefect`
     database) — but started by `envace run` before it imports Prefect, so that the server's
     own start-up (importing the server, checking the database: seconds) runs beside the flow's
-    imports and `dvc status` instead of after them. It dies with `envace run`, even by SIGKILL."""
+    imports instead of after them. It dies with `envace run`, even by SIGKILL."""
 
     def __init__(self):
         self.port = _free_port()
@@ -165,7 +165,7 @@ class TemporaryPrefectServer:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", "--host",
                  "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
         # registered before Prefect's own exit handlers, so it runs after them (last in, first out):
         # the flow's last log lines reach the server before it stops
         atexit.register(self.stop)
@@ -183,13 +183,7 @@ class TemporaryPrefectServer:
                              f"{_last_error(self.log)} (its whole output: {self.log})") from None
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, grace=10)
 
 
 def _last_error(log: Path) -> str:

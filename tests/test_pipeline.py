@@ -312,9 +312,7 @@ def test_a_run_killed_between_stages_resumes_at_the_next_stage(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert servers, "envace run started no temporary Prefect server of its own"
-    while any(Path(f"/proc/{pid}").exists() for pid in servers) and time.time() < deadline:
-        time.sleep(0.05)  # the server dies with its parent (SIGTERM on the parent's death)
-    assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()], "the temporary Prefect server outlived envace run"
+    assert not _outliving(servers, deadline), "the temporary Prefect server outlived envace run"
     before = pinned()
     assert "prepare" in before and "base_model" not in before, f"killed too late or too early: {before}"
     digest = lambda: {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in (project / "data/prepared").glob("*.jsonl")}  # noqa: E731
@@ -340,6 +338,15 @@ def _temporary_servers(parent: int) -> list[int]:
     return found
 
 
+def _outliving(pids: list[int], deadline: float) -> list[int]:
+    """Those of `pids` still alive at `deadline` (a server dies with its parent: SIGTERM on its death)."""
+    import time
+
+    while (alive := [pid for pid in pids if Path(f"/proc/{pid}").exists()]) and time.time() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
 def test_the_temporary_prefect_server_dies_with_envace_run(tmp_path):
     """`kill -9` of `envace run` alone (not its process group): its Prefect server goes too."""
     import signal
@@ -355,9 +362,7 @@ def test_the_temporary_prefect_server_dies_with_envace_run(tmp_path):
         assert servers, "envace run started no temporary Prefect server of its own"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        while any(Path(f"/proc/{pid}").exists() for pid in servers) and time.time() < deadline:
-            time.sleep(0.05)
-        assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()], "the server outlived envace run"
+        assert not _outliving(servers, deadline), "the server outlived envace run"
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever else the run had started
