@@ -42,7 +42,7 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 run: install
 	$(PY) -m envace.cli run $(if $(PROFILE),--profile $(PROFILE))
 
-# Results across seeds: the pipeline to `evaluate` for seeds 0 1 2 as DVC experiments
+# Results across seeds: the pipeline to `evaluate` (and `summary`) for seeds 0 1 2 as DVC experiments
 # (`dvc exp show` lists them) -> metrics/seeds.json, reports/seeds.md (README: Results).
 # SEEDS_ARGS="--vary train.seed": GRPO's seed only (the seeds share one warmup).
 seeds: install

@@ -1,9 +1,9 @@
-"""Results across seeds: the pipeline up to `evaluate` once per training seed, as DVC experiments.
+"""Results across seeds: the pipeline up to `evaluate` (and `summary`) once per training seed, as DVC experiments.
 
     make seeds            (= python -m envace.seeds --seeds 0 1 2)
 
 queues one DVC experiment per seed (`dvc exp run --queue -S model.seed=S -S warmup.seed=S
--S train.seed=S evaluate`: the data stays the same, the model's initialisation, warmup's
+-S train.seed=S summary`: the data stays the same, the model's initialisation, warmup's
 batch order and GRPO's sampling change; `--vary train.seed` varies GRPO's alone, so every
 seed shares one warmup and costs only the RL stages), runs the queue (`dvc exp run
 --run-all`, one at a time), reads each experiment's `metrics/eval.json` from its git commit
@@ -14,8 +14,9 @@ and writes:
   — ci_* is the 95% Wilson interval of the successes pooled over the seeds (n tasks in all);
 - `reports/seeds.md`: the same as a table.
 
-`dvc exp show` lists the experiments (named `seed-S`) beside the workspace. A seed whose
-pipeline fails (a gate stops it) is reported as failed, never left out silently.
+`dvc exp show` lists the experiments (named `seed-S`) beside the workspace, each with its own
+headline (`summary` reads the stages up to `evaluate` only; the registry is left alone). A seed
+whose pipeline fails (a gate stops it) is reported as failed, never left out silently.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def run_experiments(seeds: list[int], varied: list[str]) -> None:
     for seed in seeds:
         dvc("exp", "remove", name(seed), check=False)  # absent the first time
         overrides = [arg for key in varied for arg in ("-S", f"{key}={seed}")]
-        dvc("exp", "run", "--queue", "-n", name(seed), *overrides, "evaluate")
+        dvc("exp", "run", "--queue", "-n", name(seed), *overrides, "summary")
         print(f"seeds: queued {name(seed)} ({', '.join(f'{k}={seed}' for k in varied)})", flush=True)
     print(f"seeds: running {len(seeds)} experiment(s) one at a time (`dvc queue status` shows progress)", flush=True)
     subprocess.run([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "-j", "1"], check=False)

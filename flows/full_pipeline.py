@@ -284,7 +284,7 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
             logger.info("%s: %s in %.1fs", stage, "ran" if result["ran"] else "up to date", result["seconds"])
             if not result["ran"]:
                 print(f"{stage} | up to date", flush=True)
-        _summarise_in_parent(root, parent, summary)
+        _summarise_in_parent(root, parent, summary, loaded.registry.variant)
     if until is None and any(r["ran"] for r in summary["stages"].values()):
         summary["pushed"] = push(root)  # nothing ran: the outputs are the last run's, pushed then
     summary["model"] = _registered(root)
@@ -292,7 +292,7 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
     return summary
 
 
-def _summarise_in_parent(root: Path, parent, summary: dict) -> None:
+def _summarise_in_parent(root: Path, parent, summary: dict, agent: str) -> None:
     """The parent run shows the pipeline at a glance: data version, gate verdicts, each
     variant's success (runs table columns: the headline of `metrics/summary.json`, from the
     stages this run covered), and `stages.md` linking every stage's run."""
@@ -301,7 +301,7 @@ def _summarise_in_parent(root: Path, parent, summary: dict) -> None:
     from envace.stages.register import data_version
     from envace.stages.summary import headline
 
-    metrics = {k: float(v) for k, v in headline(root, {s.split("@")[0] for s in summary["stages"]}).items()}
+    metrics = {k: float(v) for k, v in headline(root, agent, {s.split("@")[0] for s in summary["stages"]}).items()}
     rows = [f"| {stage} | {'ran' if r['ran'] else 'up to date'} | {r['seconds']:.1f} | "
             f"[{r['mlflow_run_id']}](#/experiments/{parent.info.experiment_id}/runs/{r['mlflow_run_id']}) |"
             for stage, r in summary["stages"].items()]

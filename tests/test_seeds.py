@@ -35,7 +35,8 @@ def test_the_summary_pools_every_seed_and_names_the_failed_ones():
 @pytest.mark.slow
 def test_make_seeds_runs_one_dvc_experiment_per_seed(tmp_path):
     """Two seeds of the tiny profile as real DVC experiments (a git repository), each to
-    `evaluate`; the report reads each experiment's own metrics."""
+    `evaluate` and `summary`; the report reads each experiment's own metrics, and `dvc exp show`
+    shows each experiment's own headline (the workspace never ran: nothing to carry over)."""
     project = make_project(tmp_path / "proj", dvc=False)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     git = lambda *a: subprocess.run(["git", *a], cwd=project, check=True, capture_output=True, env=env)  # noqa: E731
@@ -55,5 +56,22 @@ def test_make_seeds_runs_one_dvc_experiment_per_seed(tmp_path):
     assert all(len(v["seeds"]) == 2 for v in s["variants"].values())
     shown = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], cwd=project, env=env,
                            capture_output=True, text=True)
-    assert "seed-0" in shown.stdout and "seed-1" in shown.stdout
+    headlines = dict(_experiment_summaries(json.loads(shown.stdout)))
+    assert set(headlines) == {"seed-0", "seed-1"}, shown.stdout[-2000:]
+    for seed in (0, 1):
+        assert {v: headlines[f"seed-{seed}"][v] for v in s["variants"]} == \
+            {v: round(d["seeds"][seed], 4) for v, d in s["variants"].items()}
     assert "# Results across seeds (0, 1)" in (project / "reports/seeds.md").read_text()
+
+
+def _experiment_summaries(node):
+    """(name, metrics/summary.json) of every named experiment in `dvc exp show --json`."""
+    if isinstance(node, dict):
+        summary = ((node.get("data") or {}).get("metrics") or {}).get("metrics/summary.json", {}).get("data")
+        if str(node.get("name", "")).startswith("seed-") and summary is not None:
+            yield node["name"], summary
+        for value in node.values():
+            yield from _experiment_summaries(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _experiment_summaries(value)
