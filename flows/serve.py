@@ -156,7 +156,7 @@ class TemporaryPrefectServer:
     imports instead of after them. It dies with `envace run`, even by SIGKILL."""
 
     def __init__(self):
-        self.port = _free_port()
+        self.port = free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
         self.log = Path(os.environ.get("PREFECT_HOME", ".prefect")) / "temporary-server.log"
@@ -193,7 +193,8 @@ def _last_error(log: Path) -> str:
     return (errors or lines or ["(no output)"])[-1]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port of 127.0.0.1 that is free now."""
     import socket
 
     with socket.socket() as sock:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.serve import free_port
 from tests.browser import check_mlflow_ui
 from tests.conftest import mlflow_at
 
@@ -23,16 +23,10 @@ VARIANTS = {"sft": 0.30, "real_env": 0.45, "simulator": 0.55, "envace": 0.70}
 MODEL = "envace-agent"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
     """A real tracking server (sqlite + file artifacts under tmp_path); stopped on teardown."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     mlflow_cmd = [str(mlflow_bin)] if mlflow_bin.exists() else [sys.executable, "-m", "mlflow"]

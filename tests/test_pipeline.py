@@ -3,8 +3,10 @@
 import json
 import re
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -296,8 +298,6 @@ def test_a_run_killed_between_stages_resumes_at_the_next_stage(tmp_path):
     pinned in dvc.lock: the rerun finds every pinned stage up to date, keeps its outputs byte
     for byte, and runs only the rest."""
     import hashlib
-    import signal
-    import time
 
     project = make_project(tmp_path / "proj")
     env = _cli_env(project)
@@ -340,7 +340,6 @@ def _temporary_servers(parent: int) -> list[int]:
 
 def _outliving(pids: list[int], deadline: float) -> list[int]:
     """Those of `pids` still alive at `deadline` (a server dies with its parent: SIGTERM on its death)."""
-    import time
 
     while (alive := [pid for pid in pids if Path(f"/proc/{pid}").exists()]) and time.time() < deadline:
         time.sleep(0.05)
@@ -349,8 +348,6 @@ def _outliving(pids: list[int], deadline: float) -> list[int]:
 
 def test_the_temporary_prefect_server_dies_with_envace_run(tmp_path):
     """`kill -9` of `envace run` alone (not its process group): its Prefect server goes too."""
-    import signal
-    import time
 
     project = make_project(tmp_path / "proj")
     proc = subprocess.Popen([sys.executable, "-m", "envace.cli", "run", "--project-dir", str(project), "--until", "collect"],

@@ -16,15 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flows.serve import free_port
 from tests.conftest import ROOT, make_project
 
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Service:

@@ -24,7 +24,7 @@ SUMMARY = Path("metrics/summary.json")
 
 SOURCES = {"validate_data": "metrics/data.json", "rehearsal_gate": "metrics/rehearsal.json",
            "evaluate": "metrics/eval.json", "register": "metrics/register.json"}
-SUMMARISED = ("validate_data", "rehearsal_gate", "evaluate")  # what summary.json reads: not the registry
+SUMMARISED = {"validate_data", "rehearsal_gate", "evaluate"}  # what summary.json reads: not the registry
 
 
 def headline(root: Path, agent: str, stages: set[str] | None = None) -> dict:
@@ -54,7 +54,7 @@ def headline(root: Path, agent: str, stages: set[str] | None = None) -> dict:
 def summary_of(root: Path, agent: str) -> dict:
     """What metrics/summary.json holds: the headline of the stages up to `evaluate`, less the
     gates' verdicts (both passed, or the stages after them would not have run)."""
-    return {k: v for k, v in headline(root, agent, set(SUMMARISED)).items() if k not in ("data_ok", "gate_ok")}
+    return {k: v for k, v in headline(root, agent, SUMMARISED).items() if k not in ("data_ok", "gate_ok")}
 
 
 def run(params: Params) -> dict[str, Path]:
