@@ -40,11 +40,12 @@ def play(module, tasks, streams, lean: bool) -> tuple[list, dict]:
 
     seconds: dict = defaultdict(float)
     originals = (runner.generate, generation.CachedForward.prefill, generation.CachedForward.step,
-                 lean_decoding.LeanDecoder.step)
+                 lean_decoding.LeanDecoder.prefill, lean_decoding.LeanDecoder.step)
     runner.generate = timed(seconds, "generate", functools.partial(originals[0], lean=lean))
-    generation.CachedForward.prefill = timed(seconds, "prefill", originals[1])  # the lean decoder's prefill too
+    generation.CachedForward.prefill = timed(seconds, "prefill", originals[1])
     generation.CachedForward.step = timed(seconds, "decode steps", originals[2])
-    lean_decoding.LeanDecoder.step = timed(seconds, "decode steps", originals[3])
+    lean_decoding.LeanDecoder.prefill = timed(seconds, "prefill", originals[3])
+    lean_decoding.LeanDecoder.step = timed(seconds, "decode steps", originals[4])
     try:
         start = time.perf_counter()
         episodes = module.play(tasks, streams)
@@ -52,7 +53,7 @@ def play(module, tasks, streams, lean: bool) -> tuple[list, dict]:
     finally:
         runner.generate = originals[0]
         generation.CachedForward.prefill, generation.CachedForward.step = originals[1:3]
-        lean_decoding.LeanDecoder.step = originals[3]
+        lean_decoding.LeanDecoder.prefill, lean_decoding.LeanDecoder.step = originals[3:]
     return episodes, seconds
 
 

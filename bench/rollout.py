@@ -6,8 +6,8 @@ default architecture from params.yaml with random weights and the prepared token
 Every side decodes greedily for exactly `new` tokens from the same left-padded prompts of
 uneven length; each cell is timed in turn (lean, forward, HF, lean, ...) and the median of
 `--repeats` runs is reported, so the ratios hold when the machine's speed drifts. Also timed:
-one new token only (the prefill), which gives the prefill's share of HF's time and the decode
-steps' ratio alone. Writes the lean/HF ratio per batch size (at the first prompt length) to
+one new token only (the prefill), which gives the prefill's share of HF's time, the prefills'
+ratio and the decode steps' ratio alone. Writes the lean/HF ratio per batch size (at the first prompt length) to
 `metrics/bench_rollout.json`.
 """
 
@@ -71,7 +71,7 @@ def main() -> None:
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, {args.new} new tokens per sequence, "
           f"median of {args.repeats}")
     print(f"{'batch':>5} {'prompt':>6} {'lean tok/s':>11} {'forward tok/s':>14} {'HF tok/s':>9} {'lean/HF':>8} "
-          f"{'forward/HF':>11} {'HF prefill':>11} {'decode lean/HF':>15}")
+          f"{'forward/HF':>11} {'HF prefill':>11} {'prefill lean/HF':>16} {'decode lean/HF':>15}")
     lean, forward = functools.partial(ours, lean=True), functools.partial(ours, lean=False)
     runs = [("lean", lean, args.new), ("forward", forward, args.new), ("hf", hf, args.new), ("lean", lean, 1), ("hf", hf, 1)]
     ratios = {}
@@ -94,7 +94,7 @@ def main() -> None:
             decode = (full["hf"] - t["hf", 1]) / max(full["lean"] - t["lean", 1], 1e-9)
             print(f"{batch:>5} {length:>6} {batch * args.new / full['lean']:>11.0f} {batch * args.new / full['forward']:>14.0f} "
                   f"{batch * args.new / full['hf']:>9.0f} {full['hf'] / full['lean']:>8.2f} {full['hf'] / full['forward']:>11.2f} "
-                  f"{t['hf', 1] / full['hf']:>11.0%} {decode:>15.2f}")
+                  f"{t['hf', 1] / full['hf']:>11.0%} {t['hf', 1] / t['lean', 1]:>16.2f} {decode:>15.2f}")
     if args.out:
         from envace.io import write_json
 

@@ -97,6 +97,9 @@ def test_lean_decoder_logits_equal_the_models_forward(tiny_model, which):
         want = model(input_ids=full, attention_mask=full_mask, position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0)).logits
     for t, logits in enumerate(got):
         torch.testing.assert_close(logits, want[:, P - 1 + t], atol=1e-5, rtol=1e-5)
+    # the pad columns' keys and values are finite: a NaN there would poison every row's
+    # attention (a zero weight times NaN is NaN)
+    assert decoder.keys.isfinite().all() and decoder.values.isfinite().all()
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
