@@ -340,7 +340,6 @@ def _temporary_servers(parent: int) -> list[int]:
 
 def _outliving(pids: list[int], deadline: float) -> list[int]:
     """Those of `pids` still alive at `deadline` (a server dies with its parent: SIGTERM on its death)."""
-
     while (alive := [pid for pid in pids if Path(f"/proc/{pid}").exists()]) and time.time() < deadline:
         time.sleep(0.05)
     return alive
@@ -348,7 +347,6 @@ def _outliving(pids: list[int], deadline: float) -> list[int]:
 
 def test_the_temporary_prefect_server_dies_with_envace_run(tmp_path):
     """`kill -9` of `envace run` alone (not its process group): its Prefect server goes too."""
-
     project = make_project(tmp_path / "proj")
     proc = subprocess.Popen([sys.executable, "-m", "envace.cli", "run", "--project-dir", str(project), "--until", "collect"],
                             env=_cli_env(project), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
