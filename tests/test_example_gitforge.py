@@ -35,6 +35,10 @@ def calls_of(episode: dict) -> list[dict]:
     return [c for m in episode["messages"] for c in m.get("calls", [])]
 
 
+def responses_of(episode: dict) -> list:
+    return [m["response"] for m in episode["messages"] if m["role"] == "tool"]
+
+
 def test_logs_validate_and_look_like_production(episodes):
     schema = json.loads((ROOT / "envace" / "schemas" / "logged_episode.schema.json").read_text())
     validator = Draft202012Validator(schema)
@@ -87,6 +91,22 @@ def test_the_scenario_gives_rehearse_the_facts_of_every_logged_call(episodes):
         for call in calls_of(ep):
             if ep["success"]:  # (a slip's wrong argument touches nothing)
                 assert ScenarioFacts(ep["scenario"]).facts(call)["touched"], (ep["id"], call)
+
+
+def test_a_list_tools_facts_are_the_collection_it_names(episodes):
+    """`list_pull_requests(repo)` is shown the repo's pull requests, not its branches and
+    issues: every listed pull request is there, in the order the response lists them."""
+    from envace.domains.base import ScenarioFacts
+
+    listed = [(ep, call, response) for ep in episodes if ep["success"]
+              for call, response in zip(calls_of(ep), responses_of(ep)) if call["name"] == "list_pull_requests"]
+    assert listed
+    for ep, call, response in listed:
+        (facts,) = ScenarioFacts(ep["scenario"]).facts(call)["touched"]
+        assert list(facts) == ["pull_requests"], ep["id"]
+        numbers = [p["number"] for p in facts["pull_requests"]]
+        shown = [p["number"] for p in response["pull_requests"]]
+        assert shown == [n for n in numbers if n in shown], ep["id"]
 
 
 def load_forge():

@@ -310,13 +310,16 @@ class ScenarioFacts:
     those holding one of its string arguments as a value or as the leading segment of a path-like
     value (an owner of `owner/name`), or a number argument under its own key (`get_branch(repo,
     branch)` touches the branch's object; `list_pull_requests(repo)` the repo's; `list_repos(owner)`
-    every repo named `owner/...`).
+    every repo named `owner/...`). Of a touched object whose collection the tool's name names,
+    only that collection (`list_pull_requests(repo)`: the repo's `pull_requests`).
 
     >>> s = {"repos": [{"name": "a/b", "branches": [{"name": "dev", "merged": False}]}]}
     >>> ScenarioFacts(s).facts({"name": "get_branch", "arguments": {"repo": "a/b", "branch": "dev"}})
     {'touched': [{'name': 'dev', 'merged': False}]}
     >>> [r["name"] for r in ScenarioFacts(s).facts({"name": "list_repos", "arguments": {"owner": "a"}})["touched"]]
     ['a/b']
+    >>> ScenarioFacts(s).facts({"name": "list_branches", "arguments": {"repo": "a/b"}})
+    {'touched': [{'branches': [{'name': 'dev', 'merged': False}]}]}
     """
 
     def __init__(self, scenario: Any):
@@ -324,7 +327,16 @@ class ScenarioFacts:
 
     def facts(self, call: Call) -> dict:
         args = call.get("arguments") or {}
-        return {"touched": _innermost(self.scenario, args)}
+        return {"touched": [_named_part(obj, call["name"]) for obj in _innermost(self.scenario, args)]}
+
+
+def _named_part(obj: dict, tool: str) -> dict:
+    """Of a touched object, only the collection the tool's name names, when it names one
+    (`list_pull_requests` reads a repo's `pull_requests`, not its branches and issues): less
+    for REHEARSE to read past, and the response's elements sit together in the facts."""
+    words = set(tool.split("_"))
+    named = [k for k, v in obj.items() if isinstance(v, (list, dict)) and set(k.split("_")) <= words]
+    return {named[0]: obj[named[0]]} if len(named) == 1 else obj
 
 
 def _touches(obj: dict, args: dict) -> bool:

@@ -87,7 +87,8 @@ class LeanDecoder:
         B, P = ids.shape
         cos, sin = (c[:, None] for c in self._rope(positions))  # [B, 1, P, D]
         # causal, and never at a pad key; a pad column also sees itself, so no row of the
-        # softmax is empty (an empty row is NaN, and NaN times a zero weight is still NaN)
+        # softmax is empty (torch 2.13's SDPA returns zeros for one, but older versions and
+        # other backends give NaN, and NaN times a zero weight is still NaN)
         allowed = torch.ones(P, P, dtype=torch.bool).tril() & mask.bool()[:, None, None, :]  # [B, 1, P, P]
         allowed |= torch.eye(P, dtype=torch.bool)
         x = self.embed[ids]  # [B, P, E]
