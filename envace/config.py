@@ -69,11 +69,16 @@ class PrepareConfig(Section):
     """Numbers are spelled digit by digit (for numbers from a large pool, e.g. ids #10-#399)."""
     spaced_words: bool = False
     """A word takes the space before it (` upload` one token): multi-word values copy word by word."""
+    digit_places: bool = False
+    """With split_digits: a number's 2nd to 5th digits are tokens of their place, so digits copy in order."""
 
     @model_validator(mode="after")
-    def _fractions(self):
+    def _consistent(self):
         if self.val_fraction + self.test_fraction >= 0.9:
             raise ValueError("prepare.val_fraction + prepare.test_fraction must stay below 0.9")
+        if self.digit_places and not self.split_digits:
+            raise ValueError("prepare.digit_places needs prepare.split_digits: true (it marks the places of "
+                             "digits spelled one by one)")
         return self
 
 

@@ -35,6 +35,7 @@ def test_unknown_section_is_an_error_naming_it():
         ({"collect": {"demonstrator": {"slip_rate": 1.5}}}, "collect.demonstrator.slip_rate"),
         ({"collect": {"domains": ["bank", "casino"]}}, "collect.domains: 'casino'"),
         ({"prepare": {"val_fraction": 0.5, "test_fraction": 0.5}}, "prepare"),
+        ({"prepare": {"digit_places": True}}, "prepare.digit_places needs prepare.split_digits"),
         ({"validate_data": {"min_split_sizes": {"dev": 3}}}, "validate_data.min_split_sizes.dev"),
     ],
 )

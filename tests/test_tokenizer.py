@@ -100,6 +100,35 @@ def test_split_digits_spells_every_number_by_its_digits(tmp_path):
     assert relabel_classes([Numbers()], train_tokenizer(CORPUS)) == []
 
 
+def test_digit_places_give_each_later_digit_a_token_of_its_place(tmp_path):
+    """`prepare.digit_places`: the digits of a number after its first are tokens of their place
+    (the 2 of 221 at place 1 is not the 2 at place 0), words like `A17` keep plain digits, text
+    decodes exactly, the tokenizer is still ours after a save and load, and a number is still
+    renamed only to one of as many digits."""
+    from envace.data.tokenizer import PLACE_MARKS, splits_digits
+    from envace.train.data import relabel_classes
+
+    tok = train_tokenizer(CORPUS, split_digits=True, digit_places=True)
+    pieces = tok.tokenize(compact_json({"amount": 221}))
+    assert pieces[:2] == ["{", '"amount":'] and pieces[2] == "2" and len(pieces) == 6
+    assert pieces[3] != pieces[2] and pieces[3] != pieces[4] and {pieces[3], pieces[4]} <= set(PLACE_MARKS)
+    assert tok.tokenize("A17") == ["A", "1", "7"]
+    # a 2 at place 1 is the same token in every number; a 6th digit and later stay plain
+    assert tok.tokenize("#52")[2] == pieces[3] and tok.tokenize("123456")[-1] == "6"
+    for value in UNSEEN + ["227.16", "PR-99821", "12345678", "#1 and 22 and 333\n4444"]:
+        assert_exact(tok, compact_json({"branch": value}))
+        assert_exact(tok, f"pull request {value}")
+    tok.save_pretrained(tmp_path)
+    loaded = PreTrainedTokenizerFast.from_pretrained(tmp_path)
+    assert is_word_level(loaded) and splits_digits(loaded) and loaded.tokenize("221") == tok.tokenize("221")
+
+    class Numbers:
+        interchangeable, tools = (("372", "915", "12"),), []
+    assert relabel_classes([Numbers()], loaded) == [["372", "915"]]
+    with pytest.raises(ValueError, match="digit_places needs split_digits"):
+        train_tokenizer(CORPUS, digit_places=True)
+
+
 def test_spaced_words_take_the_space_before_them(tmp_path):
     """`prepare.spaced_words`: ` upload` is one token, so a title is copied word by word; text
     still decodes exactly, and the tokenizer is still ours after a save and load."""

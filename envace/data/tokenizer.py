@@ -14,7 +14,7 @@ keeps the learned vocabulary independent of the byte fallback. The 256 byte toke
 after every learned token, so the learned ids are those of a BPE trained without them.
 Trained on the training split plus the tool schemas only — never on val/test.
 
-Two options for values a small model must copy as sequences (a project's `prepare` params):
+Three options for values a small model must copy as sequences (a project's `prepare` params):
 - `split_digits`: every digit is a piece of its own, so a number is spelled with ten frequent
   tokens. For numbers drawn from a large pool (pull request #10-#399): each such number is
   seen too seldom in training for its own token to become copyable, and a 2-layer model then
@@ -23,6 +23,12 @@ Two options for values a small model must copy as sequences (a project's `prepar
   GPT-2's BPE). Copying a multi-word value (a title, "Simplify upload pager") is then one
   induction step per word — find the token just written earlier, copy what followed it —
   instead of a step from a bare space, which follows every word and points nowhere.
+- `digit_places` (with `split_digits`): a number's 2nd, 3rd, 4th and later digits are tokens of
+  their own, one set of ten per place, so `221` is `2`, `2@2nd`, `1@3rd`. Spelled with ten plain
+  digits, a 2-layer model copies the digits of a number but not their order (221 -> 212, 79 ->
+  97): which digit comes second is a lookup by what the digit is, not by what follows what. The
+  places are private-use characters (U+E010-U+E049) that a normalizer writes and the decoder
+  reads back, so text decodes exactly; such a character in the input decodes as its digit.
 """
 
 from __future__ import annotations
@@ -45,6 +51,12 @@ WORDS = re.compile(PIECE_PATTERN, re.DOTALL)  # the pieces of a text, also for t
 SPACED_PIECE_PATTERN = r'"[A-Za-z0-9_$()]+":"?| ?[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|.'  # `spaced_words`
 
 ALPHABET = sorted(set(string.printable) - set("\x0b\x0c"))
+
+# `digit_places`: the digit d at place k of a number (k = 1..4, counted from 0 at its first digit)
+# is the character U+E000 + 16k + d; a 6th digit and later stay plain. A number is a run of digits
+# not glued to a word before it (`A17` and `v2` stay words).
+LAST_PLACE = 4
+PLACE_MARKS = {chr(0xE000 + 16 * k + d): str(d) for k in range(1, LAST_PLACE + 1) for d in range(10)}
 
 
 def _pre_tokenizers(tokenizer) -> list[dict]:
@@ -126,22 +138,44 @@ def schema_texts(schemas: Iterable[dict]) -> Iterator[str]:
         yield compact_json(schema)
 
 
-def _train_bpe(texts: Iterable[str], min_frequency: int, split_digits: bool = False, spaced_words: bool = False):
+def _place_normalizer():
+    """Writes each digit after a number's first as its place's mark, the last place first, so
+    every pass still sees the plain digits before the ones it marks.
+
+    >>> _place_normalizer().normalize_str("#221, A17, 5") == "#2\ue012\ue021, A17, 5"
+    True
+    """
+    from tokenizers import Regex, normalizers
+
+    passes = []
+    for k in range(LAST_PLACE, 0, -1):
+        # exactly k digits after the start or a character that is no part of a word or number
+        # (Oniguruma's look-behind takes only alternatives of fixed lengths, hence `^` apart)
+        before = f"^[0-9]{{{k}}}|[^0-9A-Za-z_$\ue010-\ue04f][0-9]{{{k}}}"
+        passes += [normalizers.Replace(Regex(f"(?<={before}){d}"), chr(0xE000 + 16 * k + d)) for d in range(10)]
+    return normalizers.Sequence(passes)
+
+
+def _train_bpe(texts: Iterable[str], min_frequency: int, split_digits: bool = False, spaced_words: bool = False,
+               digit_places: bool = False):
     """The plain word-level BPE (no byte fallback): its vocabulary is the first ids of ours."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    if digit_places:
+        tok.normalizer = _place_normalizer()
     pattern = SPACED_PIECE_PATTERN if spaced_words else PIECE_PATTERN
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     if split_digits:
         tok.pre_tokenizer = pre_tokenizers.Sequence([tok.pre_tokenizer, pre_tokenizers.Digits(individual_digits=True)])
     tok.decoder = decoders.Fuse()
+    alphabet = ALPHABET + sorted(PLACE_MARKS) if digit_places else ALPHABET
     trainer = trainers.BpeTrainer(
         vocab_size=1_000_000,  # never the limit: merging stops when every word is whole
         min_frequency=min_frequency,
         special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=ALPHABET,
-        limit_alphabet=len(ALPHABET),
+        initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
@@ -149,7 +183,7 @@ def _train_bpe(texts: Iterable[str], min_frequency: int, split_digits: bool = Fa
 
 
 def train_tokenizer(texts: Iterable[str], min_frequency: int = 1, split_digits: bool = False,
-                    spaced_words: bool = False):
+                    spaced_words: bool = False, digit_places: bool = False):
     """Train the word-level BPE, add the byte fallback and wrap it as a
     `PreTrainedTokenizerFast` (left padding).
 
@@ -161,18 +195,24 @@ def train_tokenizer(texts: Iterable[str], min_frequency: int = 1, split_digits: 
     ['{', '"number":', '3', '7', '2', '}']
     >>> train_tokenizer(["Fix upload pager"], spaced_words=True).tokenize("Fix upload pager")
     ['Fix', ' upload', ' pager']
+    >>> tok = train_tokenizer(['{"number":221}'], split_digits=True, digit_places=True)
+    >>> [len(t) for t in tok.tokenize('{"number":221}')], tok.decode(tok.encode("#221", add_special_tokens=False))
+    ([1, 9, 1, 1, 1, 1], '#221')
     """
+    if digit_places and not split_digits:
+        raise ValueError("digit_places needs split_digits: the places mark digits spelled one by one")
     from tokenizers import decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    tok = _train_bpe(texts, min_frequency, split_digits, spaced_words)
+    tok = _train_bpe(texts, min_frequency, split_digits, spaced_words, digit_places)
     bpe = json.loads(tok.to_str())["model"]
     vocab = dict(bpe["vocab"])
     # Appended, so no learned id moves. No learned token can look like `<0x41>`: `<` is always
     # a piece of its own.
     vocab.update({f"<0x{b:02X}>": len(bpe["vocab"]) + b for b in range(256)})
     tok.model = models.BPE(vocab, [tuple(m) for m in bpe["merges"]], unk_token="<unk>", byte_fallback=True)
-    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])  # bytes back to UTF-8
+    places = [decoders.Replace(mark, digit) for mark, digit in PLACE_MARKS.items()] if digit_places else []
+    tok.decoder = decoders.Sequence([*places, decoders.ByteFallback(), decoders.Fuse()])  # bytes back to UTF-8
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
         additional_special_tokens=SPECIAL_TOKENS[4:], padding_side="left", clean_up_tokenization_spaces=False,

@@ -50,7 +50,7 @@ def run(params: Params) -> dict[str, Path]:
     schemas = [s for domain in domains for s in domain.schemas()]  # the configured tools
     texts = [t for ep in by_split["train"] for t in (*episode_texts(ep), *fact_texts(ep))]
     texts += [*schema_texts(schemas), *(d.policy for d in domains if d.policy)]
-    tokenizer = train_tokenizer(texts, cfg.min_token_frequency, cfg.split_digits, cfg.spaced_words)
+    tokenizer = train_tokenizer(texts, cfg.min_token_frequency, cfg.split_digits, cfg.spaced_words, cfg.digit_places)
     with atomic_dir(TOKENIZER) as tmp:
         tokenizer.save_pretrained(tmp)
     write_json(METRICS, {
