@@ -227,3 +227,13 @@ def test_relabelling_does_not_depend_on_how_domains_hash(prepared_dir, tokenizer
     monkeypatch.setattr(Domain, "__hash__", lambda self: hashes.randrange(1 << 30))
     built = [SFTDataset(episodes, MinimalTemplate(), tokenizer, 0.0, relabel_rate=1.0).examples for _ in range(5)]
     assert all(examples == built[0] for examples in built[1:])
+
+
+def test_cpu_threads_follow_the_cores_a_process_may_use():
+    """Two jobs pinned to a core each (taskset, a container's cpuset) get one thread each, not
+    the machine's count, and ranks share what is there."""
+    import subprocess
+    import sys
+
+    pinned = "import os; from envace.model import cpu_threads; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); print(cpu_threads(), cpu_threads(4))"
+    assert subprocess.run([sys.executable, "-c", pinned], capture_output=True, text=True, check=True).stdout.split() == ["1", "1"]

@@ -59,6 +59,13 @@ def precision_of(cfg: TrainerConfig) -> str:
     return "bf16-mixed" if device_of(cfg).type == "cuda" else "32-true"
 
 
+def cpu_threads(processes: int = 1) -> int:
+    """Threads for each of `processes` processes sharing the cores this one may run on: its CPU
+    affinity (`taskset`, a container's cpuset), not the machine's count, which would put two
+    spinning threads on one core when two jobs are pinned side by side."""
+    return max(1, len(os.sched_getaffinity(0)) // processes)
+
+
 def device_of(cfg: TrainerConfig) -> torch.device:
     """The device a single process runs inference on."""
     if cfg.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():

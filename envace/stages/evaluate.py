@@ -14,7 +14,6 @@ Writes `metrics/eval.json` ({"backend": "python" | "mcp" | "none", "available", 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from envace.config import Params
@@ -35,9 +34,10 @@ def run(params: Params) -> dict[str, Path]:
 
     from envace.domains.base import Task
     from envace.evaluate.real import backend_kind, unavailable
+    from envace.model import cpu_threads
     from envace.train.grpo import VARIANTS, leak_words_of
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(cpu_threads())
     missing = [v for v in VARIANTS if not any((TRAIN_MODELS / v / f).exists() for f in ("config.json", "adapter_config.json"))]
     if missing:
         raise StageFailed(f"no trained model for variant(s) {', '.join(missing)} under {TRAIN_MODELS}: "

@@ -40,10 +40,11 @@ def run(params: Params) -> dict[str, Path]:
     from envace.domains.base import Task
     from envace.evaluate.test_time import budget_curve, guard_contexts, guard_end_to_end, guard_table
     from envace.evaluate.real import unavailable
+    from envace.model import cpu_threads
     from envace.rollout.runner import load_policy
 
     cfg = params.rehearse
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(cpu_threads())
     missing = [m for m in cfg.models if not any((TRAIN_MODELS / m / f).exists() for f in ("config.json", "adapter_config.json"))]
     if missing:
         raise StageFailed(f"no trained model for {', '.join(missing)} under {TRAIN_MODELS}: run the train stage first")

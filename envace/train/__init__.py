@@ -10,7 +10,6 @@ at once, so each rank keeps an unsharded *replica* for it, refreshed from the sh
 from __future__ import annotations
 
 import copy
-import os
 
 from envace.config import TrainerConfig
 
@@ -20,7 +19,7 @@ def trainer_options(cfg: TrainerConfig) -> dict:
     Batches are global and each stage shards them itself (`use_distributed_sampler=False`)."""
     import torch
 
-    from envace.model import precision_of
+    from envace.model import cpu_threads, precision_of
 
     strategy = cfg.strategy
     cpu = cfg.accelerator == "cpu" or not torch.cuda.is_available()
@@ -31,7 +30,7 @@ def trainer_options(cfg: TrainerConfig) -> dict:
     if cfg.strategy == "fsdp":
         strategy = _cpu_fsdp() if cpu else _fsdp()()
     if cpu:  # the CPU's cores are shared by the ranks
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.devices))
+        torch.set_num_threads(cpu_threads(cfg.devices))
     quiet()
     return {"accelerator": cfg.accelerator, "devices": cfg.devices, "strategy": strategy,
             "precision": precision_of(cfg), "use_distributed_sampler": False, "enable_model_summary": False}
