@@ -26,6 +26,8 @@ EXAMPLE = ROOT / "examples" / "gitforge"
 TINY_OWN = {
     **TINY_PARAMS,
     "collect": {"domains": ["domains/gitforge"]},
+    # the example's tokenizer options, so their spellings go through every stage that encodes or decodes
+    "prepare": {**TINY_PARAMS["prepare"], "split_digits": True, "spaced_words": True, "digit_places": True},
     "validate_data": {**TINY_PARAMS["validate_data"], "min_split_sizes": {"train": 100, "val": 5, "test": 20}},
     "warmup": {**TINY_PARAMS["warmup"], "eval_tasks": 8},
     "evaluate": {"tasks": 16},
@@ -56,6 +58,7 @@ def test_a_deployment_runs_own_tools_end_to_end_and_retrains_on_appended_logs(tm
     the logs and evaluates through the MCP server; 50 appended logged episodes make `collect`
     stale, and the next deployment run retrains and registers a new version."""
     from mlflow.tracking import MlflowClient
+    from transformers import PreTrainedTokenizerFast
 
     project = own_project(tmp_path / "own", TINY_OWN)
     spec = yaml.safe_load((project / "dvc.yaml").read_text())  # what the flow's re-rooted dvc.yaml adds
@@ -80,6 +83,8 @@ def test_a_deployment_runs_own_tools_end_to_end_and_retrains_on_appended_logs(tm
         guard = json.loads((project / "metrics/rehearse.json").read_text())["guard"]["envace"]["informed"]
         assert guard["n_harmful"] + guard["n_safe"] > 0 and set(guard["per_tool"]) <= {"delete_branch", "merge_pull_request"}
         assert json.loads((project / "metrics/register.json").read_text())["version"] == "1"
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(project / "data/prepared/tokenizer")
+        assert [len(t) for t in tokenizer.tokenize("#221")] == [1, 1, 1, 1] and tokenizer.tokenize("221")[1] != "2"
 
         assert "up to date" in dvc(project, "status", "collect").stdout
         appended = time.time()
