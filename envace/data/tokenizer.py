@@ -23,10 +23,11 @@ Three options for values a small model must copy as sequences (a project's `prep
   GPT-2's BPE). Copying a multi-word value (a title, "Simplify upload pager") is then one
   induction step per word — find the token just written earlier, copy what followed it —
   instead of a step from a bare space, which follows every word and points nowhere.
-- `digit_places` (with `split_digits`): a number's 2nd, 3rd, 4th and later digits are tokens of
-  their own, one set of ten per place, so `221` is `2`, `2@2nd`, `1@3rd`. Spelled with ten plain
-  digits, a 2-layer model copies the digits of a number but not their order (221 -> 212, 79 ->
-  97): which digit comes second is a lookup by what the digit is, not by what follows what. The
+- `digit_places` (with `split_digits`): a number's 2nd to 5th digits are tokens of their own,
+  one set of ten per place, so `221` is `2`, `2@2nd`, `1@3rd` (a 6th digit and later stay plain).
+  Spelled with ten plain digits, a 2-layer model copied the digits of a number but not their
+  order (221 -> 222, 79 -> 97, 387 -> 378): which digit comes second is then a lookup by what the
+  digit is, not by what follows what. The
   places are private-use characters (U+E010-U+E049) that a normalizer writes and the decoder
   reads back, so text decodes exactly; such a character in the input decodes as its digit.
 """
