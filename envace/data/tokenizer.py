@@ -27,9 +27,9 @@ Three options for values a small model must copy as sequences (a project's `prep
   one set of ten per place, so `221` is `2`, `2@2nd`, `1@3rd` (a 6th digit and later stay plain).
   Spelled with ten plain digits, a 2-layer model copied the digits of a number but not their
   order (221 -> 222, 79 -> 97, 387 -> 378): which digit comes second is then a lookup by what the
-  digit is, not by what follows what. The
-  places are private-use characters (U+E010-U+E049) that a normalizer writes and the decoder
-  reads back, so text decodes exactly; such a character in the input decodes as its digit.
+  digit is, not by what follows what. The places are private-use characters (U+E010-U+E049)
+  that a normalizer writes and the decoder reads back, so text decodes exactly; such a
+  character in the input decodes as its digit.
 """
 
 from __future__ import annotations
@@ -57,7 +57,13 @@ ALPHABET = sorted(set(string.printable) - set("\x0b\x0c"))
 # is the character U+E000 + 16k + d; a 6th digit and later stay plain. A number is a run of digits
 # not glued to a word before it (`A17` and `v2` stay words).
 LAST_PLACE = 4
-PLACE_MARKS = {chr(0xE000 + 16 * k + d): str(d) for k in range(1, LAST_PLACE + 1) for d in range(10)}
+
+
+def _mark(place: int, digit: int) -> str:
+    return chr(0xE000 + 16 * place + digit)
+
+
+PLACE_MARKS = {_mark(k, d): str(d) for k in range(1, LAST_PLACE + 1) for d in range(10)}
 
 
 def _pre_tokenizers(tokenizer) -> list[dict]:
@@ -152,8 +158,8 @@ def _place_normalizer():
     for k in range(LAST_PLACE, 0, -1):
         # exactly k digits after the start or a character that is no part of a word or number
         # (Oniguruma's look-behind takes only alternatives of fixed lengths, hence `^` apart)
-        before = f"^[0-9]{{{k}}}|[^0-9A-Za-z_$\ue010-\ue04f][0-9]{{{k}}}"
-        passes += [normalizers.Replace(Regex(f"(?<={before}){d}"), chr(0xE000 + 16 * k + d)) for d in range(10)]
+        before = f"^[0-9]{{{k}}}|[^0-9A-Za-z_${_mark(1, 0)}-{_mark(LAST_PLACE, 15)}][0-9]{{{k}}}"
+        passes += [normalizers.Replace(Regex(f"(?<={before}){d}"), _mark(k, d)) for d in range(10)]
     return normalizers.Sequence(passes)
 
 
