@@ -47,9 +47,13 @@ SPECIAL_TOKENS = [
 # is one piece, so the value token follows its key directly: copying a value is then a
 # plain induction step (find the key earlier in the context, copy what followed it).
 # Values are bare tokens, so `Alice` in a request and in a call is the same token.
-PIECE_PATTERN = r'"[A-Za-z0-9_$()]+":"?|[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|.'
+KEY_PIECE = r'"[A-Za-z0-9_$()]+":"?'
+PIECE_PATTERN = KEY_PIECE + r'|[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|.'
 WORDS = re.compile(PIECE_PATTERN, re.DOTALL)  # the pieces of a text, also for tokenizers that are not ours
-SPACED_PIECE_PATTERN = r'"[A-Za-z0-9_$()]+":"?| ?[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|.'  # `spaced_words`
+SPACED_PIECE_PATTERN = KEY_PIECE + r'| ?[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|.'  # `spaced_words`
+# `split_digits`: every digit a piece, except inside a key piece: the index key of a list element
+# (`"$1":"`, see `indexed`) stays one token, so each element still follows a key of its own
+DIGIT_PATTERN = KEY_PIECE + r'|[0-9]'
 
 ALPHABET = sorted(set(string.printable) - set("\x0b\x0c"))
 
@@ -81,7 +85,8 @@ def is_word_level(tokenizer) -> bool:
 
 def splits_digits(tokenizer) -> bool:
     """Whether `tokenizer` is ours and spells every number digit by digit (`split_digits`)."""
-    return is_word_level(tokenizer) and any(p.get("type") == "Digits" for p in _pre_tokenizers(tokenizer))
+    return is_word_level(tokenizer) and any(p.get("type") == "Digits" or p.get("pattern", {}).get("Regex") == DIGIT_PATTERN
+                                            for p in _pre_tokenizers(tokenizer)[1:])
 
 
 def compact_json(obj) -> str:
@@ -174,7 +179,8 @@ def _train_bpe(texts: Iterable[str], min_frequency: int, split_digits: bool = Fa
     pattern = SPACED_PIECE_PATTERN if spaced_words else PIECE_PATTERN
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     if split_digits:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([tok.pre_tokenizer, pre_tokenizers.Digits(individual_digits=True)])
+        digits = pre_tokenizers.Split(Regex(DIGIT_PATTERN), behavior="isolated")
+        tok.pre_tokenizer = pre_tokenizers.Sequence([tok.pre_tokenizer, digits])
     tok.decoder = decoders.Fuse()
     alphabet = ALPHABET + sorted(PLACE_MARKS) if digit_places else ALPHABET
     trainer = trainers.BpeTrainer(
@@ -198,8 +204,9 @@ def train_tokenizer(texts: Iterable[str], min_frequency: int = 1, split_digits: 
     >>> ids = tok.encode('{"name":"zoë"} 東京', add_special_tokens=False)
     >>> tok.unk_token_id in ids, tok.decode(ids)
     (False, '{"name":"zoë"} 東京')
-    >>> train_tokenizer(['{"number":372}'], split_digits=True).tokenize('{"number":372}')
-    ['{', '"number":', '3', '7', '2', '}']
+    >>> text = '{"number":372,"ids":{"$10":"A7"}}'
+    >>> train_tokenizer([text], split_digits=True).tokenize(text)
+    ['{', '"number":', '3', '7', '2', ',', '"ids":', '{', '"$10":"', 'A', '7', '"', '}', '}']
     >>> train_tokenizer(["Fix upload pager"], spaced_words=True).tokenize("Fix upload pager")
     ['Fix', ' upload', ' pager']
     >>> tok = train_tokenizer(['{"number":221}'], split_digits=True, digit_places=True)
