@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, ClassVar, Generator, Literal
 
@@ -311,7 +312,9 @@ class ScenarioFacts:
     value (an owner of `owner/name`), or a number argument under its own key (`get_branch(repo,
     branch)` touches the branch's object; `list_pull_requests(repo)` the repo's; `list_repos(owner)`
     every repo named `owner/...`). Of a touched object whose collection the tool's name names,
-    only that collection (`list_pull_requests(repo)`: the repo's `pull_requests`).
+    only that collection (`list_pull_requests(repo)`: the repo's `pull_requests`); else, less the
+    collections the tool's description never mentions (`get_repo`, "its default branch and branch
+    names": the repo without its pull requests and issues).
 
     >>> s = {"repos": [{"name": "a/b", "branches": [{"name": "dev", "merged": False}]}]}
     >>> ScenarioFacts(s).facts({"name": "get_branch", "arguments": {"repo": "a/b", "branch": "dev"}})
@@ -320,23 +323,43 @@ class ScenarioFacts:
     ['a/b']
     >>> ScenarioFacts(s).facts({"name": "list_branches", "arguments": {"repo": "a/b"}})
     {'touched': [{'branches': [{'name': 'dev', 'merged': False}]}]}
+    >>> ScenarioFacts(s, {"list_repos": "List an owner's repos by name."}).facts(
+    ...     {"name": "list_repos", "arguments": {"owner": "a"}})
+    {'touched': [{'name': 'a/b'}]}
     """
 
-    def __init__(self, scenario: Any):
+    def __init__(self, scenario: Any, descriptions: dict[str, str] | None = None):
         self.scenario = scenario
+        self.descriptions = descriptions or {}
+        """Each tool's description, by name: a touched object's collections it never mentions are left out."""
 
     def facts(self, call: Call) -> dict:
         args = call.get("arguments") or {}
-        return {"touched": [_named_part(obj, call["name"]) for obj in _innermost(self.scenario, args)]}
+        description = self.descriptions.get(call["name"], "")
+        return {"touched": [_named_part(obj, call["name"], description) for obj in _innermost(self.scenario, args)]}
 
 
-def _named_part(obj: dict, tool: str) -> dict:
+def _named_part(obj: dict, tool: str, description: str = "") -> dict:
     """Of a touched object, only the collection the tool's name names, when it names one
-    (`list_pull_requests` reads a repo's `pull_requests`, not its branches and issues): less
-    for REHEARSE to read past, and the response's elements sit together in the facts."""
+    (`list_pull_requests` reads a repo's `pull_requests`, not its branches and issues); else,
+    when the tool has a description, the object less the collections neither its name nor its
+    description mentions. Less for REHEARSE to read past: a name to copy out of a repo's
+    branches was 130 tokens away from its key in the whole repo, and the response's elements sit
+    together in the facts."""
     words = set(tool.split("_"))
-    named = [k for k, v in obj.items() if isinstance(v, (list, dict)) and set(k.split("_")) <= words]
-    return {named[0]: obj[named[0]]} if len(named) == 1 else obj
+    collections = [k for k, v in obj.items() if isinstance(v, (list, dict))]
+    named = [k for k in collections if set(k.split("_")) <= words]
+    if len(named) == 1:
+        return {named[0]: obj[named[0]]}
+    if not description:
+        return obj
+    said = words | set(re.findall(r"[a-z]+", description.lower()))
+    return {k: v for k, v in obj.items() if k not in collections or all(_mentioned(w, said) for w in k.split("_"))}
+
+
+def _mentioned(word: str, said: set[str]) -> bool:
+    """`word` is said, or shares a stem of 4 letters or more with a word said (`branch`, `branches`)."""
+    return any(w == word or (min(len(w), len(word)) >= 4 and (w.startswith(word) or word.startswith(w))) for w in said)
 
 
 def _touches(obj: dict, args: dict) -> bool:
@@ -406,7 +429,9 @@ class Domain:
         """What reads a scenario's facts; it never executes a call (no facts: every call gets None)."""
         if self.has_facts:
             return self.backend(scenario)
-        return ScenarioFacts(scenario) if self.backend is not None and scenario else _NoFacts()
+        if self.backend is None or not scenario:
+            return _NoFacts()
+        return ScenarioFacts(scenario, {t.name: t.description for t in self.tools})
 
     def real(self, scenario: Any) -> Backend:
         """A fresh real backend for one episode."""
