@@ -79,18 +79,38 @@ def relabel_classes(domains, tokenizer, episodes: list[dict] = ()) -> list[list[
 
 def argument_names(domain, episodes: list[dict]) -> tuple[tuple[str, ...], ...]:
     """(numbers, words): the words the domain's interchangeable arguments take in `episodes`,
-    in first-seen order (the renaming must not depend on set order)."""
+    and the words of response fields named like one of them (a pull request's `title` in a
+    response is the same kind of name as `create_issue`'s `title`), in first-seen order (the
+    renaming must not depend on set order)."""
     wanted = {t.name: set(t.interchangeable) for t in domain.tools if t.interchangeable}
     if not wanted:
         return ()
+    kinds = set().union(*wanted.values())
     reserved = set(WORDS.findall(json.dumps(domain.schemas()) + domain.policy))
-    values = [value for ep in episodes for call, _ in recorded_calls(ep)
-              for arg, value in (call.get("arguments") or {}).items()
-              if arg in wanted.get(call["name"], ()) and not isinstance(value, bool)]
+    values = [value for ep in episodes for call, response in recorded_calls(ep)
+              for value in [v for arg, v in (call.get("arguments") or {}).items() if arg in wanted.get(call["name"], ())]
+              + fields_named(response, kinds) if not isinstance(value, bool)]
     pieces = [word for value in values for word in WORDS.findall(str(value))]
     numbers = dict.fromkeys(w for w in pieces if w.isdigit())
     words = dict.fromkeys(w for w in pieces if not w.isdigit() and NAME.fullmatch(w) and w not in reserved)
     return tuple(names for names in (tuple(numbers), tuple(words)) if names)
+
+
+def fields_named(obj, keys: set[str]) -> list:
+    """The plain values under `keys` anywhere in a JSON value, a list's elements one by one, depth first.
+
+    >>> fields_named({"pulls": [{"number": 7, "title": "Fix cart"}], "tags": {"title": ["a", "b"]}}, {"title"})
+    ['Fix cart', 'a', 'b']
+    """
+    if isinstance(obj, list):
+        return [x for v in obj for x in fields_named(v, keys)]
+    if not isinstance(obj, dict):
+        return []
+    found = []
+    for k, v in obj.items():
+        plain = [x for x in (v if isinstance(v, list) else [v]) if not isinstance(x, (dict, list))]
+        found += plain if k in keys else fields_named(v, keys)
+    return found
 
 
 def relabel(segments: list[Segment], classes: list[list[str]], rng: random.Random) -> list[Segment]:
