@@ -109,6 +109,21 @@ def test_a_list_tools_facts_are_the_collection_it_names(episodes):
         assert shown == [n for n in numbers if n in shown], ep["id"]
 
 
+def test_a_tool_is_shown_only_the_collections_its_description_mentions(episodes):
+    """`get_repo` ("its default branch and branch names") reads the repo without its pull
+    requests and issues; `list_repos` reads each repo without any of its collections."""
+    from envace.domains.base import ScenarioFacts
+
+    descriptions = {t["function"]["name"]: t["function"]["description"] for t in TOOLS}
+    kept = {"get_repo": set(), "list_repos": set()}
+    for ep in episodes:
+        for call in calls_of(ep):
+            if call["name"] in kept and ep["success"]:
+                for obj in ScenarioFacts(ep["scenario"], descriptions).facts(call)["touched"]:
+                    kept[call["name"]] |= {k for k, v in obj.items() if isinstance(v, (list, dict))}
+    assert kept == {"get_repo": {"branches"}, "list_repos": set()}
+
+
 def load_forge():
     spec = importlib.util.spec_from_file_location("gitforge_forge", DOMAIN / "forge.py")
     module = importlib.util.module_from_spec(spec)

@@ -220,6 +220,27 @@ def test_an_invalid_tool_schema_names_file_and_line(case, logged, tmp_path):
         load_domain(str(folder))
 
 
+def test_a_response_field_named_like_an_interchangeable_argument_is_renamed_too(logged, tmp_path):
+    """A pull request's title in a response is the same kind of name as `create_issue`'s
+    `title`: declared interchangeable there, the titles' words (their verbs too) are renamed."""
+    from envace.data.logs import import_logs
+    from envace.train.data import argument_names
+
+    folder = shutil.copytree(logged, tmp_path / "gitforge")
+    tools = json.loads((folder / "tools.json").read_text(encoding="utf-8"))
+    for title_too in (False, True):
+        for t in tools:
+            if t["function"]["name"] == "create_issue":
+                t["interchangeable"] = ["repo", "title"] if title_too else ["repo"]
+        (folder / "tools.json").write_text(json.dumps(tools), encoding="utf-8")
+        domain = load_domain(str(folder))
+        episodes = import_logs(domain)[0]
+        verbs = {r["title"].split()[0] for e in episodes for m in e["messages"] if m.get("role") == "tool"
+                 for r in [m["response"]] if isinstance(r, dict) and "title" in r}
+        assert verbs
+        assert (verbs <= set(argument_names(domain, episodes)[1])) is title_too, title_too
+
+
 def test_interchangeable_arguments_are_renamed_consistently_and_numbers_stay_numbers(logged):
     """The words and numbers the declared arguments take in the logs are renamed within an
     episode, the same way everywhere in it; the tools' and the policy's words never are."""

@@ -8,7 +8,7 @@ import json
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from envace.data.tokenizer import _train_bpe, compact_json, is_word_level, train_tokenizer
+from envace.data.tokenizer import _train_bpe, compact_json, is_word_level, model_json, train_tokenizer
 
 CORPUS = [
     "Send 25 from Alice to Bob",
@@ -87,6 +87,9 @@ def test_split_digits_spells_every_number_by_its_digits(tmp_path):
     tok = train_tokenizer(CORPUS, split_digits=True)
     assert tok.tokenize(compact_json({"amount": 372})) == ["{", '"amount":', "3", "7", "2", "}"]
     assert tok.tokenize("A17") == ["A", "1", "7"] and tok.tokenize("Alice") == ["Alice"]
+    # a list element's index key stays one piece: each element follows a key of its own
+    listed = model_json({"repos": ["ann/x", "bo/y"]})
+    assert train_tokenizer(CORPUS + [listed], split_digits=True).tokenize(listed)[3:6] == ['"$0":"', "ann", "/"]
     for value in UNSEEN + ["227.16", "PR-99821"]:
         assert_exact(tok, compact_json({"branch": value}))
     tok.save_pretrained(tmp_path)
