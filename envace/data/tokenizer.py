@@ -19,10 +19,13 @@ Three options for values a small model must copy as sequences (a project's `prep
   tokens. For numbers drawn from a large pool (pull request #10-#399): each such number is
   seen too seldom in training for its own token to become copyable, and a 2-layer model then
   answers the most frequent number instead of the one in front of it.
-- `spaced_words`: a word takes the single space before it (` upload` is one piece, as in
-  GPT-2's BPE). Copying a multi-word value (a title, "Simplify upload pager") is then one
-  induction step per word — find the token just written earlier, copy what followed it —
-  instead of a step from a bare space, which follows every word and points nowhere.
+- `spaced_words`: a word takes the single separator before it: a space (` upload` is one piece,
+  as in GPT-2's BPE), a slash or a hyphen (`hotfix/coupon` is `hotfix`, `/coupon`;
+  `nimbus-scheduler` is `nimbus`, `-scheduler`). Copying a multi-word value (a title,
+  "Simplify upload pager", a branch or repo name) is then one induction step per word — find
+  the token just written earlier, copy what followed it — instead of a step from a bare
+  separator, which follows every word and points nowhere (a branch's topic after a bare `/` was
+  copied from the wrong branch). A name of new combinations stays spelled with known words.
 - `digit_places` (with `split_digits`): a number's 2nd to 5th digits are tokens of their own,
   one set of ten per place, so `221` is `2`, `2@2nd`, `1@3rd` (a 6th digit and later stay plain).
   Spelled with ten plain digits, a 2-layer model copied the digits of a number but not their
@@ -50,7 +53,8 @@ SPECIAL_TOKENS = [
 KEY_PIECE = r'"[A-Za-z0-9_$()]+":"?'
 PIECE_PATTERN = KEY_PIECE + r'|[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|.'
 WORDS = re.compile(PIECE_PATTERN, re.DOTALL)  # the pieces of a text, also for tokenizers that are not ours
-SPACED_PIECE_PATTERN = KEY_PIECE + r'| ?[A-Za-z0-9_$]+(?:[.\-][A-Za-z0-9_]+)*|\s|.'  # `spaced_words`
+GLUED_WORD = r'[ /\-]?[A-Za-z0-9_$]+(?:\.[A-Za-z0-9_]+)*'  # `spaced_words`: a word and the separator before it
+SPACED_PIECE_PATTERN = KEY_PIECE + '|' + GLUED_WORD + r'|\s|.'
 # `split_digits`: every digit a piece, except inside a key piece: the index key of a list element
 # (`"$1":"`, see `indexed`) stays one token, so each element still follows a key of its own
 DIGIT_PATTERN = KEY_PIECE + r'|[0-9]'
@@ -81,6 +85,17 @@ def is_word_level(tokenizer) -> bool:
     token, a word it never saw is spelled out."""
     first = _pre_tokenizers(tokenizer)[0]
     return first.get("type") == "Split" and first.get("pattern", {}).get("Regex") in (PIECE_PATTERN, SPACED_PIECE_PATTERN)
+
+
+def knows(vocab: dict, name: str) -> bool:
+    """Whether our tokenizer with this vocabulary spells `name` from learned words: whole, after a
+    space, or (`spaced_words`) as its glued parts (`nimbus`, `-scheduler`), each known.
+
+    >>> knows({"nimbus": 0, "-scheduler": 1}, "nimbus-scheduler"), knows({"nimbus": 0}, "nimbus-api")
+    (True, False)
+    """
+    return name in vocab or f" {name}" in vocab or all(p in vocab or f" {p}" in vocab
+                                                       for p in re.findall(GLUED_WORD, name))
 
 
 def splits_digits(tokenizer) -> bool:
@@ -209,6 +224,8 @@ def train_tokenizer(texts: Iterable[str], min_frequency: int = 1, split_digits: 
     ['{', '"number":', '3', '7', '2', ',', '"ids":', '{', '"$10":"', 'A', '7', '"', '}', '}']
     >>> train_tokenizer(["Fix upload pager"], spaced_words=True).tokenize("Fix upload pager")
     ['Fix', ' upload', ' pager']
+    >>> train_tokenizer(["hotfix/nimbus-api"], spaced_words=True).tokenize("hotfix/nimbus-api")
+    ['hotfix', '/nimbus', '-api']
     >>> tok = train_tokenizer(['{"number":221}'], split_digits=True, digit_places=True)
     >>> [len(t) for t in tok.tokenize('{"number":221}')], tok.decode(tok.encode("#221", add_special_tokens=False))
     ([1, 9, 1, 1, 1, 1], '#221')

@@ -24,7 +24,7 @@ from collections import Counter
 import torch
 
 from envace.data.episodes import fact_source, recorded_calls
-from envace.data.tokenizer import WORDS, is_word_level, splits_digits
+from envace.data.tokenizer import WORDS, is_word_level, knows, splits_digits
 from envace.domains import get_domain
 from envace.roles import Segment, encode
 
@@ -55,9 +55,9 @@ def relabel_classes(domains, tokenizer, episodes: list[dict] = ()) -> list[list[
     """The interchangeable names of each domain, in the domains' given order, grouped by how
     many tokens `tokenizer` spells them with: a name is renamed only to one as long, so renaming
     never changes a sequence's length. With our word-level tokenizer that is the names it knows
-    (one token each; with `spaced_words`, a name seen only after a space is known too, and a renamed
-    name after a space may take another number of tokens); a name it never saw is no word of its
-    vocabulary and is left alone. A tokenizer that spells numbers digit by digit (`split_digits`)
+    (one token each; with `spaced_words`, a name seen only after a separator, or as known glued
+    parts, is known too, and a renamed name after a separator may take another number of tokens);
+    a name it never saw is no word of its vocabulary and is left alone. A tokenizer that spells numbers digit by digit (`split_digits`)
     spells every number from known tokens, so every number is renamed.
 
     A domain names them itself (`Domain.interchangeable`), or names the arguments that hold them
@@ -71,7 +71,7 @@ def relabel_classes(domains, tokenizer, episodes: list[dict] = ()) -> list[list[
         for names in d.interchangeable + argument_names(d, [e for e in episodes if e["task"]["domain"] == d.name]):
             by_length: dict[int, list[str]] = {}
             for name in names:
-                if vocab is None or name in vocab or f" {name}" in vocab or (digits and name.isdigit()):
+                if vocab is None or knows(vocab, name) or (digits and name.isdigit()):
                     by_length.setdefault(len(tokenizer.tokenize(name)), []).append(name)
             classes += [group for _, group in sorted(by_length.items()) if len(group) > 1]
     return classes
