@@ -57,8 +57,9 @@ def relabel_classes(domains, tokenizer, episodes: list[dict] = ()) -> list[list[
     never changes a sequence's length. With our word-level tokenizer that is the names it knows
     (one token each; with `spaced_words`, a name seen only after a separator, or as known glued
     parts, is known too, and a renamed name after a separator may take another number of tokens);
-    a name it never saw is no word of its vocabulary and is left alone. A tokenizer that spells numbers digit by digit (`split_digits`)
-    spells every number from known tokens, so every number is renamed.
+    a name it never saw is no word of its vocabulary and is left alone. A tokenizer that spells
+    numbers digit by digit (`split_digits`) spells every number from known tokens, so every
+    number is renamed.
 
     A domain names them itself (`Domain.interchangeable`), or names the arguments that hold them
     (`Tool.interchangeable`): then the names are the words those arguments take in `episodes`
@@ -87,9 +88,12 @@ def argument_names(domain, episodes: list[dict]) -> tuple[tuple[str, ...], ...]:
         return ()
     kinds = set().union(*wanted.values())
     reserved = set(WORDS.findall(json.dumps(domain.schemas()) + domain.policy))
-    values = [value for ep in episodes for call, response in recorded_calls(ep)
-              for value in [v for arg, v in (call.get("arguments") or {}).items() if arg in wanted.get(call["name"], ())]
-              + fields_named(response, kinds) if not isinstance(value, bool)]
+    values = []
+    for ep in episodes:
+        for call, response in recorded_calls(ep):
+            args = call.get("arguments") or {}
+            values += [v for arg, v in args.items() if arg in wanted.get(call["name"], ())] + fields_named(response, kinds)
+    values = [v for v in values if not isinstance(v, bool)]
     pieces = [word for value in values for word in WORDS.findall(str(value))]
     numbers = dict.fromkeys(w for w in pieces if w.isdigit())
     words = dict.fromkeys(w for w in pieces if not w.isdigit() and NAME.fullmatch(w) and w not in reserved)
