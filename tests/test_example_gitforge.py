@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,39 @@ def test_a_list_tools_facts_are_the_collection_it_names(episodes):
         numbers = [p["number"] for p in facts["pull_requests"]]
         shown = [p["number"] for p in response["pull_requests"]]
         assert shown == [n for n in numbers if n in shown], ep["id"]
+
+
+def test_a_list_tools_elements_are_narrowed_to_what_its_description_says(episodes, tmp_path):
+    """"List the open pull requests of a repo (number and title)": the facts keep the open ones
+    only, each with its number and title — the response itself, also where the scenario has no
+    open pull request at all (`open` is a state in other logged scenarios). `get_repo` ("branch
+    names") reads each branch's name, `list_repos` ("full names") each repo's."""
+    from envace.domains.folder import load_folder
+
+    folder = tmp_path / "gitforge"
+    shutil.copytree(DOMAIN, folder, ignore=shutil.ignore_patterns("episodes.jsonl", "__pycache__"))
+    (folder / "episodes.jsonl").write_text("".join(json.dumps(ep) + "\n" for ep in episodes), encoding="utf-8")
+    domain = load_folder(folder)
+    seen = set()
+    for ep in episodes:
+        if not ep["success"]:
+            continue
+        source = domain.fact_source(ep["scenario"])
+        for call, response in zip(calls_of(ep), responses_of(ep)):
+            touched = source.facts(call)["touched"]
+            if call["name"] == "list_pull_requests":
+                assert touched == [response], ep["id"]
+                seen.add("empty" if not response["pull_requests"] else "listed")
+            elif call["name"] == "get_repo":
+                assert touched[0]["branches"] == [{"name": b} for b in response["branches"]], ep["id"]
+            elif call["name"] == "list_repos":
+                assert touched == [{"name": r} for r in response["repos"]], ep["id"]
+    assert seen == {"empty", "listed"}
+    # a scenario with no open pull request anywhere: `open` is known from the other logs
+    ep, call = next((ep, c) for ep in episodes for c in calls_of(ep) if c["name"] == "list_pull_requests")
+    closed = json.loads(json.dumps(ep["scenario"]).replace('"state": "open"', '"state": "closed"'))
+    assert "open" not in json.dumps(closed)
+    assert domain.fact_source(closed).facts(call)["touched"] == [{"pull_requests": []}]
 
 
 def test_a_tool_is_shown_only_the_collections_its_description_mentions(episodes):

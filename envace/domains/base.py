@@ -18,9 +18,11 @@ A *domain* bundles
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import random
 import re
+from pathlib import Path
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, ClassVar, Generator, Literal
 
@@ -314,7 +316,11 @@ class ScenarioFacts:
     every repo named `owner/...`). Of a touched object whose collection the tool's name names,
     only that collection (`list_pull_requests(repo)`: the repo's `pull_requests`); else, less the
     collections the tool's description never mentions (`get_repo`, "its default branch and branch
-    names": the repo without its pull requests and issues).
+    names": the repo without its pull requests and issues). The elements of a collection the tool
+    reads (and the touched objects themselves, when they sit in the collection the tool's name
+    names: `list_repos`) are narrowed to what the description says of them: only the elements
+    whose one-word value it says ("the open pull requests": those whose `state` is `open`) and,
+    of each, only the fields it mentions ("(number and title)"), when it mentions any.
 
     >>> s = {"repos": [{"name": "a/b", "branches": [{"name": "dev", "merged": False}]}]}
     >>> ScenarioFacts(s).facts({"name": "get_branch", "arguments": {"repo": "a/b", "branch": "dev"}})
@@ -326,35 +332,90 @@ class ScenarioFacts:
     >>> ScenarioFacts(s, {"list_repos": "List an owner's repos by name."}).facts(
     ...     {"name": "list_repos", "arguments": {"owner": "a"}})
     {'touched': [{'name': 'a/b'}]}
+    >>> s = {"repos": [{"name": "a/b", "pulls": [{"n": 1, "state": "open"}, {"n": 2, "state": "closed"}]}]}
+    >>> ScenarioFacts(s, {"list_pulls": "List the open pulls (their n)."}).facts(
+    ...     {"name": "list_pulls", "arguments": {"repo": "a/b"}})
+    {'touched': [{'pulls': [{'n': 1}]}]}
     """
 
-    def __init__(self, scenario: Any, descriptions: dict[str, str] | None = None):
+    def __init__(self, scenario: Any, descriptions: dict[str, str] | None = None,
+                 words: dict[str, set[str]] | None = None):
         self.scenario = scenario
         self.descriptions = descriptions or {}
         """Each tool's description, by name: a touched object's collections it never mentions are left out."""
+        self.values = _word_values(scenario, {k: set(v) for k, v in (words or {}).items()})
+        """Each key's one-word string values, in this scenario and `words` (the domain's other
+        scenarios): what a description may say of an element."""
 
     def facts(self, call: Call) -> dict:
         args = call.get("arguments") or {}
-        description = self.descriptions.get(call["name"], "")
-        return {"touched": [_named_part(obj, call["name"], description) for obj in _innermost(self.scenario, args)]}
+        tool, description = call["name"], self.descriptions.get(call["name"], "")
+        said = _said(tool, description)
+        touched = _innermost(self.scenario, args)
+        parts = [_named_part(obj, tool, said if description else None, self.values) for _, obj in touched]
+        if description and touched and all(_names(tool, key) for key, _ in touched):
+            parts = _said_elements(parts, said, self.values)
+        return {"touched": parts}
 
 
-def _named_part(obj: dict, tool: str, description: str = "") -> dict:
+def _said(tool: str, description: str) -> set[str]:
+    return set(tool.split("_")) | set(re.findall(r"[a-z]+", description.lower()))
+
+
+def _names(tool: str, key: str | None) -> bool:
+    """The tool's name names the collection `key` (`list_pull_requests`: `pull_requests`)."""
+    return key is not None and set(key.split("_")) <= set(tool.split("_"))
+
+
+def _named_part(obj: dict, tool: str, said: set[str] | None = None, values: dict | None = None) -> dict:
     """Of a touched object, only the collection the tool's name names, when it names one
     (`list_pull_requests` reads a repo's `pull_requests`, not its branches and issues); else,
-    when the tool has a description, the object less the collections neither its name nor its
-    description mentions. Less for REHEARSE to read past: a name to copy out of a repo's
-    branches was 130 tokens away from its key in the whole repo, and the response's elements sit
-    together in the facts."""
-    words = set(tool.split("_"))
+    when the tool has a description (its words `said`), the object less the collections neither
+    its name nor its description mentions. Less for REHEARSE to read past: a name to copy out
+    of a repo's branches was 130 tokens away from its key in the whole repo, and the response's
+    elements sit together in the facts. With a description, the kept collections' elements are
+    narrowed to what it says of them (`_said_elements`)."""
     collections = [k for k, v in obj.items() if isinstance(v, (list, dict))]
-    named = [k for k in collections if set(k.split("_")) <= words]
+    named = [k for k in collections if _names(tool, k)]
     if len(named) == 1:
-        return {named[0]: obj[named[0]]}
-    if not description:
+        part = {named[0]: obj[named[0]]}
+    elif said is None:
         return obj
-    said = words | set(re.findall(r"[a-z]+", description.lower()))
-    return {k: v for k, v in obj.items() if k not in collections or all(_mentioned(w, said) for w in k.split("_"))}
+    else:
+        part = {k: v for k, v in obj.items() if k not in collections or all(_mentioned(w, said) for w in k.split("_"))}
+    if said is None:
+        return part
+    return {k: _said_elements(v, said, values or {}) if isinstance(v, list) else v for k, v in part.items()}
+
+
+def _said_elements(items: list, said: set[str], values: dict[str, set[str]]) -> list:
+    """A collection's elements, narrowed to what a description says of them: where it says one
+    of the words a key takes in the scenario ("open", a `state`), only the elements with a word
+    it says; then, of each element, only the fields it mentions, when it mentions any. Elements
+    that are not objects are left as they are."""
+    if not items or not all(isinstance(x, dict) for x in items):
+        return items
+    for key in sorted({k for x in items for k in x}):
+        words = values.get(key, set())
+        if words & said and words - said and not _mentioned_key(key, said):
+            items = [x for x in items if x.get(key) in said]
+    fields = {k for x in items for k in x if _mentioned_key(k, said)}
+    return [{k: v for k, v in x.items() if k in fields} for x in items] if fields else items
+
+
+def _mentioned_key(key: str, said: set[str]) -> bool:
+    return all(_mentioned(w, said) for w in key.split("_"))
+
+
+def _word_values(obj: Any, found: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    """key -> the one-word lower-case string values it takes anywhere in `obj`."""
+    found = {} if found is None else found
+    children = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for key, child in children:
+        if isinstance(key, str) and isinstance(child, str) and re.fullmatch(r"[a-z]+", child):
+            found.setdefault(key, set()).add(child)
+        _word_values(child, found)
+    return found
 
 
 def _mentioned(word: str, said: set[str]) -> bool:
@@ -372,13 +433,14 @@ def _holds(obj: dict, name: str) -> bool:
     return bool(name) and any(x == name or (isinstance(x, str) and x.startswith(f"{name}/")) for x in obj.values())
 
 
-def _innermost(obj: Any, args: dict) -> list:
-    """The objects in `obj` that `args` touch and that hold no touched object themselves."""
-    children = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list) else ()
-    inner = [found for child in children for found in _innermost(child, args)]
+def _innermost(obj: Any, args: dict, key: str | None = None) -> list[tuple[str | None, dict]]:
+    """(the key it sits under, the object) for each object in `obj` that `args` touch and that
+    holds no touched object itself."""
+    children = obj.items() if isinstance(obj, dict) else ((key, x) for x in obj) if isinstance(obj, list) else ()
+    inner = [found for k, child in children for found in _innermost(child, args, k)]
     if inner:
         return inner
-    return [obj] if isinstance(obj, dict) and _touches(obj, args) else []
+    return [(key, obj)] if isinstance(obj, dict) and _touches(obj, args) else []
 
 
 @dataclass(frozen=True)
@@ -431,7 +493,26 @@ class Domain:
             return self.backend(scenario)
         if self.backend is None or not scenario:
             return _NoFacts()
-        return ScenarioFacts(scenario, {t.name: t.description for t in self.tools})
+        return ScenarioFacts(scenario, {t.name: t.description for t in self.tools}, self.logged_words)
+
+    @functools.cached_property
+    def logged_words(self) -> dict[str, set[str]]:
+        """Each key's one-word string values over every logged scenario (`state`: open, merged,
+        closed): a description saying "the open pull requests" filters by `state` even in a
+        scenario where none is open. Empty without logs; a line that does not parse is left to
+        `collect`, which names it."""
+        found: dict[str, set[str]] = {}
+        if self.logs is None or not Path(self.logs).is_file():
+            return found
+        with open(self.logs, encoding="utf-8") as lines:
+            for line in lines:
+                try:
+                    episode = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(episode, dict):
+                    _word_values(episode.get("scenario"), found)
+        return found
 
     def real(self, scenario: Any) -> Backend:
         """A fresh real backend for one episode."""
