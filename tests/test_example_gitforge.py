@@ -114,7 +114,7 @@ def test_a_list_tools_elements_are_narrowed_to_what_its_description_says(episode
     """"List the open pull requests of a repo (number and title)": the facts keep the open ones
     only, each with its number and title — the response itself, also where the scenario has no
     open pull request at all (`open` is a state in other logged scenarios). `get_repo` ("branch
-    names") reads the list of its branches' names, `list_repos` ("full names") the repos'."""
+    names") reads each branch's name, `list_repos` ("full names") each repo's."""
     from envace.domains.folder import load_folder
 
     folder = tmp_path / "gitforge"
@@ -132,9 +132,9 @@ def test_a_list_tools_elements_are_narrowed_to_what_its_description_says(episode
                 assert touched == [response], ep["id"]
                 seen.add("empty" if not response["pull_requests"] else "listed")
             elif call["name"] == "get_repo":
-                assert touched[0]["branches"] == response["branches"], ep["id"]
+                assert touched[0]["branches"] == [{"name": b} for b in response["branches"]], ep["id"]
             elif call["name"] == "list_repos":
-                assert touched == response["repos"], ep["id"]
+                assert touched == [{"name": r} for r in response["repos"]], ep["id"]
     assert seen == {"empty", "listed"}
     # a scenario with no open pull request anywhere: `open` is known from the other logs
     ep, call = next((ep, c) for ep in episodes for c in calls_of(ep) if c["name"] == "list_pull_requests")
@@ -154,8 +154,7 @@ def test_a_tool_is_shown_only_the_collections_its_description_mentions(episodes)
         for call in calls_of(ep):
             if call["name"] in kept and ep["success"]:
                 for obj in ScenarioFacts(ep["scenario"], descriptions).facts(call)["touched"]:
-                    if isinstance(obj, dict):  # (list_repos: each repo is its name)
-                        kept[call["name"]] |= {k for k, v in obj.items() if isinstance(v, (list, dict))}
+                    kept[call["name"]] |= {k for k, v in obj.items() if isinstance(v, (list, dict))}
     assert kept == {"get_repo": {"branches"}, "list_repos": set()}
 
 

@@ -331,11 +331,11 @@ class ScenarioFacts:
     {'touched': [{'branches': [{'name': 'dev', 'merged': False}]}]}
     >>> ScenarioFacts(s, {"list_repos": "List an owner's repos by name."}).facts(
     ...     {"name": "list_repos", "arguments": {"owner": "a"}})
-    {'touched': ['a/b']}
-    >>> s = {"repos": [{"name": "a/b", "pulls": [{"n": 1, "title": "x", "state": "open"}, {"n": 2, "state": "closed"}]}]}
-    >>> ScenarioFacts(s, {"list_pulls": "List the open pulls (n and title)."}).facts(
+    {'touched': [{'name': 'a/b'}]}
+    >>> s = {"repos": [{"name": "a/b", "pulls": [{"n": 1, "state": "open"}, {"n": 2, "state": "closed"}]}]}
+    >>> ScenarioFacts(s, {"list_pulls": "List the open pulls (their n)."}).facts(
     ...     {"name": "list_pulls", "arguments": {"repo": "a/b"}})
-    {'touched': [{'pulls': [{'n': 1, 'title': 'x'}]}]}
+    {'touched': [{'pulls': [{'n': 1}]}]}
     """
 
     def __init__(self, scenario: Any, descriptions: dict[str, str] | None = None,
@@ -391,10 +391,8 @@ def _named_part(obj: dict, tool: str, said: set[str] | None = None, values: dict
 def _said_elements(items: list, said: set[str], values: dict[str, set[str]]) -> list:
     """A collection's elements, narrowed to what a description says of them: where it says one
     of the words a key takes in the scenario ("open", a `state`), only the elements with a word
-    it says; then, of each element, only the fields it mentions, when it mentions any — and
-    where that is one field, the element is its value ("branch names": a list of names, shown
-    the way a response's list is, so each name sits under the same index key in the facts as
-    in the response). Elements that are not objects are left as they are."""
+    it says; then, of each element, only the fields it mentions, when it mentions any. Elements
+    that are not objects are left as they are."""
     if not items or not all(isinstance(x, dict) for x in items):
         return items
     for key in sorted({k for x in items for k in x}):
@@ -402,9 +400,6 @@ def _said_elements(items: list, said: set[str], values: dict[str, set[str]]) -> 
         if words & said and words - said and not _mentioned_key(key, said):
             items = [x for x in items if x.get(key) in said]
     fields = {k for x in items for k in x if _mentioned_key(k, said)}
-    if len(fields) == 1 and all(fields <= set(x) for x in items):  # "branch names": the names
-        (field,) = fields
-        return [x[field] for x in items]
     return [{k: v for k, v in x.items() if k in fields} for x in items] if fields else items
 
 
