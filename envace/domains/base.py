@@ -22,8 +22,8 @@ import functools
 import json
 import random
 import re
-from pathlib import Path
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Generator, Literal
 
 from jsonschema import Draft202012Validator, validators
@@ -367,7 +367,7 @@ def _names(tool: str, key: str | None) -> bool:
     return key is not None and set(key.split("_")) <= set(tool.split("_"))
 
 
-def _named_part(obj: dict, tool: str, said: set[str] | None = None, values: dict | None = None) -> dict:
+def _named_part(obj: dict, tool: str, said: set[str] | None, values: dict[str, set[str]]) -> dict:
     """Of a touched object, only the collection the tool's name names, when it names one
     (`list_pull_requests` reads a repo's `pull_requests`, not its branches and issues); else,
     when the tool has a description (its words `said`), the object less the collections neither
@@ -377,15 +377,11 @@ def _named_part(obj: dict, tool: str, said: set[str] | None = None, values: dict
     narrowed to what it says of them (`_said_elements`)."""
     collections = [k for k, v in obj.items() if isinstance(v, (list, dict))]
     named = [k for k in collections if _names(tool, k)]
-    if len(named) == 1:
-        part = {named[0]: obj[named[0]]}
-    elif said is None:
-        return obj
-    else:
-        part = {k: v for k, v in obj.items() if k not in collections or all(_mentioned(w, said) for w in k.split("_"))}
     if said is None:
-        return part
-    return {k: _said_elements(v, said, values or {}) if isinstance(v, list) else v for k, v in part.items()}
+        return {named[0]: obj[named[0]]} if len(named) == 1 else obj
+    part = {named[0]: obj[named[0]]} if len(named) == 1 else \
+        {k: v for k, v in obj.items() if k not in collections or _mentioned_key(k, said)}
+    return {k: _said_elements(v, said, values) if isinstance(v, list) else v for k, v in part.items()}
 
 
 def _said_elements(items: list, said: set[str], values: dict[str, set[str]]) -> list:
