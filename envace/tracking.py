@@ -31,9 +31,35 @@ def artifact_location(root: Path) -> str:
     return (Path(root).resolve() / ".mlflow" / "artifacts").as_uri()
 
 
+def create_local_store(root: Path) -> None:
+    """Create the project's MLflow database, if missing, in one step: MLflow builds its tables
+    under a temporary name (a few seconds of migrations on a first run), then the finished file is
+    linked into place. A run stopped during those seconds leaves no half-migrated `mlflow.db`,
+    on which every later run would fail (`table _alembic_tmp_datasets already exists`); linking,
+    unlike a rename, never replaces a store another process created meanwhile."""
+    db = Path(root).resolve() / ".mlflow" / "mlflow.db"
+    if db.exists():
+        return
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    db.parent.mkdir(exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=db.parent, prefix="mlflow.db.", suffix=".tmp")
+    os.close(fd)
+    try:
+        SqlAlchemyStore(f"sqlite:///{tmp}", artifact_location(root)).engine.dispose()
+        try:
+            os.link(tmp, db)
+        except FileExistsError:
+            pass  # another process finished first: its store is the one
+    finally:
+        os.unlink(tmp)
+
+
 def experiment_id(root: Path) -> str:
     import mlflow
 
+    if tracking_uri(root) == local_store(root):
+        create_local_store(root)
     mlflow.set_tracking_uri(tracking_uri(root))
     found = mlflow.get_experiment_by_name(EXPERIMENT)
     if found:

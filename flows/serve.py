@@ -88,6 +88,10 @@ def serve(root: Path, only: str | None = None) -> int:
     s = settings()
     for state in (".mlflow", ".prefect"):
         (root / state).mkdir(exist_ok=True)
+    if only in (None, "mlflow"):
+        from envace.tracking import create_local_store
+
+        create_local_store(root)  # complete before the server opens it, even if stopped meanwhile
     if only == "worker":
         return serve_deployment(root, cron, s)
     env = {**os.environ, "PREFECT_API_URL": s["prefect_api"], "MLFLOW_TRACKING_URI": s["mlflow_uri"]}

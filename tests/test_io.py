@@ -103,3 +103,32 @@ def test_a_stage_killed_between_its_outputs_replaces_none_of_them(prepared_dir, 
     assert again.returncode == 0, again.stderr[-2000:]
     assert (tmp_path / "data/prepared/train.jsonl").read_bytes() != old[tmp_path / "data/prepared/train.jsonl"]
     assert not list((tmp_path / "data").rglob(".*")), "the killed run's temps are gone"
+
+
+def test_a_run_stopped_while_mlflow_creates_its_store_leaves_none_and_the_next_run_creates_it(tmp_path, monkeypatch):
+    import sqlalchemy
+    from sqlalchemy.engine import Engine
+
+    from envace import tracking
+    from tests.conftest import mlflow_at
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+    def stop(conn, cursor, statement, *args):  # Ctrl-C inside a migration, its table copied and dropped
+        if statement.lstrip().upper().startswith("ALTER TABLE _ALEMBIC_TMP_"):
+            raise KeyboardInterrupt
+
+    sqlalchemy.event.listen(Engine, "before_cursor_execute", stop)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tracking.create_local_store(tmp_path)
+    finally:
+        sqlalchemy.event.remove(Engine, "before_cursor_execute", stop)
+    assert os.listdir(tmp_path / ".mlflow") == []  # no half-migrated mlflow.db, no temp file
+
+    with mlflow_at(tracking.local_store(tmp_path)) as mlflow:
+        exp_id = tracking.experiment_id(tmp_path)
+        with mlflow.start_run(experiment_id=exp_id) as run:
+            mlflow.log_metric("success", 0.5)
+        assert mlflow.get_run(run.info.run_id).data.metrics == {"success": 0.5}
+    assert os.listdir(tmp_path / ".mlflow") == ["mlflow.db"]
