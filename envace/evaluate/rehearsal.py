@@ -33,9 +33,10 @@ def field_accuracy(predicted, real) -> float:
     return sum(p.get(k) == r.get(k) for k in keys) / len(keys) if keys else 1.0
 
 
-def rehearsal_accuracy(policy, episodes: list[dict], privileged: bool, max_new_tokens: int = 96,
-                       batch_size: int = 128) -> dict:
-    items = []  # (tool name, prompt ids, real response)
+def rehearsal_prompts(policy, episodes: list[dict], privileged: bool) -> list[tuple[str, list[int], object]]:
+    """(tool name, prompt ids, real response) for every recorded call: REHEARSE's prompt given
+    the true history, with the privileged facts or without."""
+    items = []
     for ep in episodes:
         task, recorded = ep["task"], recorded_calls(ep)
         facts = fact_source(task)
@@ -44,17 +45,26 @@ def rehearsal_accuracy(policy, episodes: list[dict], privileged: bool, max_new_t
             steps = [(c, f, r) for (c, r), f in zip(recorded[:k], shown)] + [(call, shown[k], None)]
             prompt = policy.encode(policy.template.rehearse(task["tools"], task["request"], steps, train=False))
             items.append((call["name"], prompt, real))
-    per_tool: dict[str, list[tuple[bool, float, bool]]] = defaultdict(list)  # (exact, field, parsed)
-    for start in range(0, len(items), batch_size):
-        chunk = items[start : start + batch_size]
-        outputs = policy.generate([p for _, p, _ in chunk], max_new_tokens, 0.0, 1.0, None)
-        for (tool, _, real), ids in zip(chunk, outputs):
+    return items
+
+
+def rehearsed(policy, prompts: list[list[int]], max_new_tokens: int = 96, batch_size: int = 128):
+    """Each prompt's greedy rehearsal, parsed; a Failure where it does not parse or never stops."""
+    for start in range(0, len(prompts), batch_size):
+        for ids in policy.generate(prompts[start : start + batch_size], max_new_tokens, 0.0, 1.0, None):
             text = policy.decode(ids) if ids is not None else ""
-            predicted = parse_rehearse(text, policy.template.end) if ids and ids[-1] == policy.stop_id else Failure("", text)
-            if isinstance(predicted, Failure):
-                per_tool[tool].append((False, 0.0, False))
-            else:
-                per_tool[tool].append((canonical(predicted) == canonical(real), field_accuracy(predicted, real), True))
+            yield parse_rehearse(text, policy.template.end) if ids and ids[-1] == policy.stop_id else Failure("", text)
+
+
+def rehearsal_accuracy(policy, episodes: list[dict], privileged: bool, max_new_tokens: int = 96,
+                       batch_size: int = 128) -> dict:
+    items = rehearsal_prompts(policy, episodes, privileged)
+    per_tool: dict[str, list[tuple[bool, float, bool]]] = defaultdict(list)  # (exact, field, parsed)
+    for (tool, _, real), predicted in zip(items, rehearsed(policy, [p for _, p, _ in items], max_new_tokens, batch_size)):
+        if isinstance(predicted, Failure):
+            per_tool[tool].append((False, 0.0, False))
+        else:
+            per_tool[tool].append((canonical(predicted) == canonical(real), field_accuracy(predicted, real), True))
     everything = [x for results in per_tool.values() for x in results]
     mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else 0.0  # noqa: E731
     return {
