@@ -26,6 +26,10 @@ Three options for values a small model must copy as sequences (a project's `prep
   the token just written earlier, copy what followed it — instead of a step from a bare
   separator, which follows every word and points nowhere (a branch's topic after a bare `/` was
   copied from the wrong branch). A name of new combinations stays spelled with known words.
+  That step needs a model with an induction circuit; the embedded 2-layer default trained on
+  the gitforge example has none (no head puts over 0.06 of its attention on the token before:
+  `bench/copy_errors.py`) and copies a title's words in another order ("Speed up sitemap
+  checkout"), as it did a number's digits before `digit_places`.
 - `digit_places` (with `split_digits`): a number's 2nd to 5th digits are tokens of their own,
   one set of ten per place, so `221` is `2`, `2@2nd`, `1@3rd` (a 6th digit and later stay plain).
   Spelled with ten plain digits, a 2-layer model copied the digits of a number but not their
