@@ -58,9 +58,10 @@ def create_local_store(root: Path) -> None:
 def experiment_id(root: Path) -> str:
     import mlflow
 
-    if tracking_uri(root) == local_store(root):
+    uri = tracking_uri(root)
+    if uri == local_store(root):
         create_local_store(root)
-    mlflow.set_tracking_uri(tracking_uri(root))
+    mlflow.set_tracking_uri(uri)
     found = mlflow.get_experiment_by_name(EXPERIMENT)
     if found:
         return found.experiment_id
