@@ -123,6 +123,10 @@ class ModelConfig(Section):
     """Init scale of the (tied) token embeddings. Entity values are one token each and
     rare; embeddings that start far apart let the model copy them early (0.02, the usual
     init, left prices and order ids uncopyable for minutes)."""
+    copy_steps: int = Field(0, ge=0)
+    """Steps of copy pretraining before warmup (the embedded default only; 0 = none): rows of
+    random tokens with a span written twice, which give a model trained from scratch the
+    circuit that copies several tokens in order (`envace.model.copying`; ~3,000 steps)."""
     max_seq_len: int = Field(0, ge=0)
     """Longest training sequence and rollout context, in tokens (0 = the model's own
     `max_position_embeddings`; a smaller value bounds memory on a large checkpoint)."""
@@ -136,6 +140,9 @@ class ModelConfig(Section):
                              "or the path of a local Hugging Face checkpoint directory (none there)")
         if self.source == "embedded" and self.hidden_size % self.num_heads:
             raise ValueError("model.hidden_size must be a multiple of model.num_heads")
+        if self.copy_steps and self.source != "embedded":
+            raise ValueError(f"model.copy_steps is for the embedded default, not model.source {self.source!r}: "
+                             "a pretrained checkpoint already copies in order (set copy_steps: 0)")
         return self
 
 

