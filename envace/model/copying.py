@@ -50,9 +50,15 @@ def copy_loss(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tenso
     return torch.nn.functional.cross_entropy(logits, target), (logits.argmax(-1) == target).float().mean().item()
 
 
+def copy_vocab(tokenizer) -> list[int]:
+    """The ids copy rows are drawn from: every token but the special ones."""
+    special = set(tokenizer.all_special_ids)
+    return [i for i in range(len(tokenizer)) if i not in special]
+
+
 def pretrain_copying(model, vocab: Sequence[int], steps: int, seed: int, report_every: int = 500) -> float:
-    """`steps` > 0. Train `model` in place for `steps` steps on copy rows over `vocab` (AdamW at `LR`,
-    linear warmup, gradients clipped at 1); returns the copy accuracy on held-out rows."""
+    """`steps` > 0. Train `model` in place for `steps` steps on copy rows over `vocab` (AdamW
+    at `LR`, linear warmup, gradients clipped at 1); returns the copy accuracy on held-out rows."""
     torch.manual_seed(seed)
     rng, held_out = random.Random(seed), copy_rows(random.Random(seed + 1), EVAL_ROWS, vocab)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.98))

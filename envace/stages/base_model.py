@@ -32,6 +32,7 @@ METRICS = Path("metrics/base_model.json")
 def run(params: Params) -> dict[str, Path]:
     """Materialise the starting checkpoint of `model.source` in models/base."""
     from envace.model import CheckpointError, base_checkpoint, save
+    from envace.model.copying import copy_vocab, pretrain_copying
     from envace.roles import TemplateError, template_for
 
     start = time.perf_counter()
@@ -40,7 +41,9 @@ def run(params: Params) -> dict[str, Path]:
         model, tokenizer = base_checkpoint(params.model, TOKENIZER, schemas)
     except (CheckpointError, TemplateError) as err:
         raise StageFailed(f"model.source {params.model.source!r}: {err}") from None
-    copy_accuracy = pretrain_copying(model, tokenizer, params.model) if params.model.copy_steps else None
+    copy_accuracy = None
+    if params.model.copy_steps:  # the embedded default only (the config checks)
+        copy_accuracy = pretrain_copying(model, copy_vocab(tokenizer), params.model.copy_steps, params.model.seed)
     save(model, tokenizer, MODEL_DIR)
     template = template_for(tokenizer)
     summary = {
@@ -59,15 +62,6 @@ def run(params: Params) -> dict[str, Path]:
           f"{summary['vocab_size']}, {summary['template']} ending turns with {summary['end_of_turn']}) "
           f"in {time.perf_counter() - start:.0f}s", flush=True)
     return {"model": MODEL_DIR, "metrics": METRICS}
-
-
-def pretrain_copying(model, tokenizer, cfg) -> float:
-    """`cfg.copy_steps` of copy pretraining over the tokenizer's non-special tokens; the
-    held-out copy accuracy."""
-    from envace.model.copying import pretrain_copying as pretrain
-
-    special = set(tokenizer.all_special_ids)
-    return pretrain(model, [i for i in range(len(tokenizer)) if i not in special], cfg.copy_steps, cfg.seed)
 
 
 if __name__ == "__main__":
