@@ -40,7 +40,8 @@ def main() -> None:
         overrides = {k: type(getattr(params.model, k))(v) for k, v in (kv.split("=") for kv in variant.split(",") if kv)}
         print(f"{variant or 'params.yaml model'}:", flush=True)
         model = build_default(params.model.model_copy(update=overrides), tokenizer)
-        results[variant] = pretrain_copying(model, copy_vocab(tokenizer), args.steps, params.model.seed, report_every=100)
+        results[variant] = pretrain_copying(model, copy_vocab(tokenizer), args.steps, params.model.seed, report_every=100,
+                                            report=lambda line: print(f"  {line}", flush=True))
     print(f"\nin-order copy accuracy after {args.steps} steps (chance ~{1 / len(tokenizer):.4f})")
     for variant, accuracy in results.items():
         print(f"  {variant or 'params.yaml model':30s} {accuracy:.3f}")

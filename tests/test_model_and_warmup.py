@@ -75,7 +75,7 @@ def test_copy_steps_are_for_the_embedded_default_only():
     assert parse_params({"model": {"copy_steps": 100}}).model.copy_steps == 100
 
 
-def test_base_model_reports_the_copy_accuracy_of_copy_pretraining(prepared_dir, tmp_path, monkeypatch):
+def test_base_model_reports_the_copy_accuracy_of_copy_pretraining(prepared_dir, tmp_path, monkeypatch, capsys):
     import json
     import shutil
 
@@ -91,6 +91,7 @@ def test_base_model_reports_the_copy_accuracy_of_copy_pretraining(prepared_dir, 
     untrained = load(tmp_path / "models/base")[0].state_dict()
     base_model.run(parse_params({**TINY_PARAMS, "model": {**TINY_PARAMS["model"], "copy_steps": 5}}))
     assert 0.0 <= json.loads((tmp_path / "metrics/base_model.json").read_text())["copy_accuracy"] <= 1.0
+    assert "base_model: copy pretraining: step 5/5" in capsys.readouterr().out  # the flow shows the stage's own lines
     trained = load(tmp_path / "models/base")[0].state_dict()
     assert any(not torch.equal(untrained[k], trained[k]) for k in untrained)
 

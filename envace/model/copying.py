@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -56,9 +56,11 @@ def copy_vocab(tokenizer) -> list[int]:
     return [i for i in range(len(tokenizer)) if i not in special]
 
 
-def pretrain_copying(model, vocab: Sequence[int], steps: int, seed: int, report_every: int = 500) -> float:
+def pretrain_copying(model, vocab: Sequence[int], steps: int, seed: int, report_every: int = 500,
+                     report: Callable[[str], None] = print) -> float:
     """`steps` > 0. Train `model` in place for `steps` steps on copy rows over `vocab` (AdamW
-    at `LR`, linear warmup, gradients clipped at 1); returns the copy accuracy on held-out rows."""
+    at `LR`, linear warmup, gradients clipped at 1); returns the copy accuracy on held-out rows.
+    Every `report_every` steps a progress line goes to `report`."""
     torch.manual_seed(seed)
     rng, held_out = random.Random(seed), copy_rows(random.Random(seed + 1), EVAL_ROWS, vocab)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.98))
@@ -74,8 +76,8 @@ def pretrain_copying(model, vocab: Sequence[int], steps: int, seed: int, report_
         schedule.step()
         if step % report_every == 0 or step == steps:
             accuracy = held_out_accuracy(model, held_out)
-            print(f"copy pretraining: step {step}/{steps}, loss {loss.item():.3f}, held-out copy accuracy "
-                  f"{accuracy:.3f} ({time.perf_counter() - start:.0f}s)", flush=True)
+            report(f"copy pretraining: step {step}/{steps}, loss {loss.item():.3f}, held-out copy accuracy "
+                   f"{accuracy:.3f} ({time.perf_counter() - start:.0f}s)")
     return accuracy
 
 

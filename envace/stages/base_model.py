@@ -43,7 +43,8 @@ def run(params: Params) -> dict[str, Path]:
         raise StageFailed(f"model.source {params.model.source!r}: {err}") from None
     copy_accuracy = None
     if params.model.copy_steps:  # the embedded default only (the config checks)
-        copy_accuracy = pretrain_copying(model, copy_vocab(tokenizer), params.model.copy_steps, params.model.seed)
+        copy_accuracy = pretrain_copying(model, copy_vocab(tokenizer), params.model.copy_steps, params.model.seed,
+                                         report=lambda line: print(f"base_model: {line}", flush=True))
     save(model, tokenizer, MODEL_DIR)
     template = template_for(tokenizer)
     summary = {
