@@ -207,6 +207,10 @@ class WarmupConfig(Section):
     (0 = all of them)."""
     eval_tasks: int = Field(240, ge=0)
     """Held-out tasks for ACT's real success after warmup (0 = the whole test split)."""
+    copy_weight: float = Field(0.0, ge=0)
+    """Weight of a copy loss on long copy rows added to every step (the embedded default
+    only; 0 = off): the logs alone erase the in-order copy circuit of `model.copy_steps`
+    within epochs, this keeps training it (`envace.model.copying`)."""
     seed: int = 0
 
     @model_validator(mode="after")
@@ -350,6 +354,13 @@ class Params(Section):
     guard: GuardConfig = GuardConfig()
     registry: RegistryConfig = RegistryConfig()
     serve: ServeConfig = ServeConfig()
+
+    @model_validator(mode="after")
+    def _copy_loss_on_the_embedded_default(self):
+        if self.warmup.copy_weight and self.model.source != "embedded":
+            raise ValueError(f"warmup.copy_weight is for the embedded default, not model.source {self.model.source!r} "
+                             "(set copy_weight: 0)")
+        return self
 
 
 def parse_params(raw: dict, source: str = "params.yaml") -> Params:

@@ -40,29 +40,42 @@ def test_embedding_std_sets_the_init_scale_of_the_tied_embeddings(tokenizer):
 def test_copy_rows_end_in_a_span_written_twice_and_mask_its_repeat_after_the_first_token():
     import random
 
-    from envace.model.copying import ROW, SPAN, copy_rows
+    from envace.model.copying import LONG, SHORT, SPAN, copy_rows
 
-    ids, mask = copy_rows(random.Random(0), 50, range(100, 200))
-    assert ids.shape == mask.shape == (50, ROW) and ((ids >= 100) & (ids < 200)).all()
-    for row, marked in zip(ids.tolist(), mask.tolist()):
-        length = marked.count(True) + 1  # the repeat's first token is not marked
-        assert SPAN[0] <= length <= SPAN[1]
-        assert row[-length:] == row[-2 * length:-length] and marked[-length:] == [False] + [True] * (length - 1)
+    for phase in (SHORT, LONG):
+        ids, mask = copy_rows(random.Random(0), 50, range(100, 200), phase.row, phase.apart)
+        assert ids.shape == mask.shape == (50, phase.row) and ((ids >= 100) & (ids < 200)).all()
+        back = []  # how far before the repeat its span was written, and the span's length
+        for row, marked in zip(ids.tolist(), mask.tolist()):
+            length = marked.count(True) + 1  # the repeat's first token is not marked
+            assert SPAN[0] <= length <= SPAN[1] and marked[-length:] == [False] + [True] * (length - 1)
+            start = next(j for j in range(phase.row - 2 * length, -1, -1) if row[j:j + length] == row[-length:])
+            back.append((phase.row - length - start, length))
+        if phase.apart:  # anywhere before, often hundreds of tokens
+            assert max(distance for distance, _ in back) > 200
+        else:  # right before
+            assert all(distance == length for distance, length in back)
 
 
+@pytest.mark.slow
 def test_copy_pretraining_learns_from_the_rows_and_repeats_for_a_seed(tokenizer):
-    """Learning, measured: after 300 steps on 8 tokens a tiny model predicts the repeats
-    above chance (1/8; the in-order circuit itself takes thousands of steps on the embedded
-    default: `bench/induction.py`). Same seed, same weights."""
+    """Learning, measured: after 300 steps on 8 tokens a tiny model predicts the short rows'
+    repeats above chance (1/8; the in-order circuit itself takes thousands of steps on the
+    embedded default: `bench/induction.py`), then trains on long rows. Same seed, same weights."""
+    import re
+
     from envace.model import build_default
     from envace.model.copying import copy_vocab, pretrain_copying
 
     cfg = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
-    first, second = build_default(cfg, tokenizer), build_default(cfg, tokenizer)
     vocab = copy_vocab(tokenizer)[:8]
-    accuracy = pretrain_copying(first, vocab, 300, seed=0)
-    assert accuracy > 1 / 8 + 0.03
-    assert pretrain_copying(second, vocab, 300, seed=0) == accuracy
+    lines = []
+    pretrain_copying(build_default(cfg, tokenizer), vocab, 300, seed=0, report_every=300, report=lines.append)
+    assert [line.split(":")[0] for line in lines] == ["copy pretraining, short rows", "copy pretraining, long rows"]
+    assert lines[1].startswith("copy pretraining, long rows: step 100/100")
+    assert float(re.search(r"held-out copy accuracy ([\d.]+)", lines[0]).group(1)) > 1 / 8 + 0.03
+    first, second = build_default(cfg, tokenizer), build_default(cfg, tokenizer)
+    assert pretrain_copying(first, vocab, 6, seed=0) == pretrain_copying(second, vocab, 6, seed=0)
     assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
     assert set(copy_vocab(tokenizer)).isdisjoint(tokenizer.all_special_ids)
 
@@ -91,7 +104,8 @@ def test_base_model_reports_the_copy_accuracy_of_copy_pretraining(prepared_dir, 
     untrained = load(tmp_path / "models/base")[0].state_dict()
     base_model.run(parse_params({**TINY_PARAMS, "model": {**TINY_PARAMS["model"], "copy_steps": 5}}))
     assert 0.0 <= json.loads((tmp_path / "metrics/base_model.json").read_text())["copy_accuracy"] <= 1.0
-    assert "base_model: copy pretraining: step 5/5" in capsys.readouterr().out  # the flow shows the stage's own lines
+    out = capsys.readouterr().out  # the flow shows the stage's own lines
+    assert "base_model: copy pretraining, short rows: step 5/5" in out and "base_model: copy pretraining, long rows: step 1/1" in out
     trained = load(tmp_path / "models/base")[0].state_dict()
     assert any(not torch.equal(untrained[k], trained[k]) for k in untrained)
 
@@ -206,6 +220,27 @@ def test_role_losses_train_only_on_tokens_that_role_wrote(model):
     torch.testing.assert_close(parts["act"], nll[target_roles == ROLE_IDS["act"]].mean())
     torch.testing.assert_close(parts["rehearse"], nll[target_roles == ROLE_IDS["rehearse"]].mean())
     assert parts["act_tokens"] == 3 and parts["rehearse_tokens"] == 3
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log\(\)`")
+def test_copy_weight_adds_the_weighted_copy_loss_of_the_steps_own_rows(model):
+    from envace.model.copying import KEPT_ROWS, LONG, copy_loss, kept_rows
+    from envace.train.warmup import WarmupModule
+
+    vocab = list(range(20, 200))
+    plain = WarmupModule(model, 1e-3, 0.0, 1, 10, 1.0).training_step(_batch(), 0)
+    with_copy = WarmupModule(model, 1e-3, 0.0, 1, 10, 1.0, copy_weight=0.5, copy_vocab=vocab, copy_seed=3)
+    rows = kept_rows(vocab, 3, 0)  # step 0's rows: the same whenever step 0 is trained
+    assert rows[0].shape == (KEPT_ROWS, LONG.row) and all(torch.equal(a, b) for a, b in zip(rows, kept_rows(vocab, 3, 0)))
+    assert not torch.equal(rows[0], kept_rows(vocab, 3, 1)[0])
+    torch.testing.assert_close(with_copy.training_step(_batch(), 0), plain + 0.5 * copy_loss(model, *rows)[0])
+
+
+def test_copy_weight_is_for_the_embedded_default_only():
+    from envace.config import ParamsError, parse_params
+
+    with pytest.raises(ParamsError, match="warmup.copy_weight is for the embedded default, not model.source 'smollm2'"):
+        parse_params({"model": {"source": "smollm2"}, "warmup": {"copy_weight": 1.0}})
 
 
 def test_context_tokens_get_no_gradient_from_their_own_prediction(model):

@@ -54,6 +54,7 @@ def run(params: Params) -> dict[str, Path]:
     from envace.evaluate.rehearsal import rehearsal_accuracy
     from envace.gates.rehearsal import core_tools
     from envace.model import autocast_dtype, load, max_len, precision_of, save, weights_dtype, with_lora
+    from envace.model.copying import copy_vocab
     from envace.rollout.runner import Policy
     from envace.tracking import lightning_logger
     from envace.train import trainer_options
@@ -99,7 +100,7 @@ def run(params: Params) -> dict[str, Path]:
 
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=GlobalBatches(), collate_fn=collate_share)
     module = WarmupModule(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, len(loader) * cfg.max_epochs, cfg.lambda_env,
-                          cfg.min_lr_ratio, policy)
+                          cfg.min_lr_ratio, policy, cfg.copy_weight, copy_vocab(tokenizer) if cfg.copy_weight else (), cfg.seed)
     epochs: list[dict] = []
     epoch_seconds: list[float] = []  # wall clock at each epoch's end (timings, not tracked metrics)
     clock = {"start": time.perf_counter()}  # moved back by the time a resumed run had already spent

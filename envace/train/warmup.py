@@ -2,7 +2,8 @@
 
 Loss = L_act + lambda_env * L_rehearse, each the mean NLL over the tokens that role wrote
 in the real logs; every other token (prompt, tool responses as context, padding) is
-masked out. AdamW with linear warmup then cosine decay.
+masked out; plus, under `warmup.copy_weight`, that weight times the copy loss on a few
+copy rows (`envace.model.copying`). AdamW with linear warmup then cosine decay.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import lightning as L
 import torch
 
 from envace.io import write_csv
+from envace.model.copying import copy_loss, kept_rows
 from envace.train import is_sharded_strategy, rank_divergence, shard, sync_replica
 from envace.train.losses import warmup_loss
 
@@ -22,8 +24,9 @@ class WarmupModule(L.LightningModule):
     becomes the unsharded replica, refreshed by `refresh()` before each measurement."""
 
     def __init__(self, model, lr: float, weight_decay: float, warmup_steps: int, total_steps: int, lambda_env: float,
-                 min_lr_ratio: float = 0.1, policy=None):
+                 min_lr_ratio: float = 0.1, policy=None, copy_weight: float = 0.0, copy_vocab=(), copy_seed: int = 0):
         super().__init__()
+        self.copy_weight, self.copy_vocab, self.copy_seed = copy_weight, list(copy_vocab), copy_seed
         self.model = model
         self.min_lr_ratio = min_lr_ratio
         self.lr, self.weight_decay = lr, weight_decay
@@ -62,6 +65,11 @@ class WarmupModule(L.LightningModule):
         for role in ("act", "rehearse"):  # a batch without a role's tokens has no loss for it, not a 0
             if parts[f"{role}_tokens"]:
                 self.log(f"train/{role}_loss", parts[role], prog_bar=True, batch_size=n)
+        if self.copy_weight:
+            ids, mask = kept_rows(self.copy_vocab, self.copy_seed, self.global_step)
+            copy, _ = copy_loss(self.model, ids.to(self.device), mask.to(self.device))
+            self.log("train/copy_loss", copy, batch_size=ids.shape[0])
+            return parts["loss"] + self.copy_weight * copy
         return parts["loss"]
 
     def configure_optimizers(self):
