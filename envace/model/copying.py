@@ -11,9 +11,9 @@ model forms the circuit: a sudden drop of the loss after ~2,000 steps, then ~99%
 repeats right. A pretrained checkpoint brings this circuit along; `model.copy_steps` gives
 it to the embedded default, in two phases:
 
-1. `steps` steps on short rows (`ROW` tokens: filler, a span, the span again at once),
-   where the circuit forms fastest;
-2. `steps // 3` steps on long rows (`LONG_ROW` tokens, the copies a random distance apart),
+1. `steps` steps on short rows (`SHORT`: filler, a span, the span again at once), where the
+   circuit forms fastest;
+2. `steps // 3` steps on long rows (`LONG`: the copies a random distance apart),
    at a lower rate. A circuit learned on short rows alone copies nothing 100 tokens back
    (it never saw the rotary positions of such distances), and the logs copy over hundreds.
 
@@ -32,6 +32,7 @@ import torch
 
 SPAN = (8, 28)  # shortest, longest span: the offset between the copies varies, so only content finds it
 EVAL_ROWS = 256
+KEPT_ROWS = 4  # long rows per warmup step under `warmup.copy_weight` (~15% more tokens a step)
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,6 @@ def copy_rows(rng: random.Random, n: int, vocab: Sequence[int], row: int = SHORT
         ids.append(filler[gap:] + span + filler[:gap] + span)
         mask.append([False] * (row - length + 1) + [True] * (length - 1))
     return torch.tensor(ids), torch.tensor(mask)
-
-
-KEPT_ROWS = 4  # long rows per warmup step under `warmup.copy_weight` (~15% more tokens a step)
 
 
 def kept_rows(vocab: Sequence[int], seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
