@@ -1,0 +1,101 @@
+"""A warmup step three ways, side by side: as warmup runs it (eager, with the attention mask),
+with the decoder compiled (`torch.compile`, inductor, `dynamic=True`), and without the
+attention mask (right-padded rows are exact under plain causal attention: a real token never
+sees a pad after it).
+
+Run after `dvc repro base_model`: `.venv/bin/python bench/warmup_step.py [--steps 60] [--rounds 3]`.
+The same `--steps` length-bucketed batches of warmup's own dataset and loss, forward + backward
++ AdamW, each way in turn per round (eager, compiled, unmasked, eager, ...), three copies of
+the model starting from the same weights. Prints each way's median seconds over the rounds,
+its ratio to eager, the compile time (inductor's disk cache makes a second process's much
+shorter), the batches' padding share and how far the first step's loss (the same weights) is from eager's;
+later steps part further, as training amplifies rounding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import statistics
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--episodes", type=int, default=2000, help="training episodes the batches come from")
+    args = parser.parse_args()
+
+    import torch
+
+    from envace.config import load_params
+    from envace.io import read_jsonl
+    from envace.model import cpu_threads, load, max_len
+    from envace.paths import BASE_MODEL, PREPARED
+    from envace.rollout.runner import Policy
+    from envace.train.data import SFTDataset, collate, length_batches
+    from envace.train.losses import warmup_loss
+
+    torch.set_num_threads(cpu_threads())
+    params = load_params()
+    model, tokenizer = load(BASE_MODEL)
+    policy = Policy(model, tokenizer, max_len(params.model, model))
+    episodes = list(read_jsonl(PREPARED / "train.jsonl"))[: args.episodes]
+    data = SFTDataset(episodes, policy.template, tokenizer, params.roles.privileged_dropout, 0, max_len=policy.max_len,
+                      max_repeat=params.warmup.rare_tool_repeat, relabel_rate=params.warmup.relabel_rate)
+    data.resample(1)
+    lengths = [len(ids) for ids, _ in data.examples]
+    chosen = length_batches(lengths, params.warmup.batch_size, random.Random(0))[: args.steps]
+    batches = [collate([data[i] for i in b], policy.pad_id) for b in chosen]
+    padded = sum(b["input_ids"].numel() for b in batches)
+    print(f"{len(batches)} batches of {params.warmup.batch_size}: padding {1 - sum(lengths[i] for b in chosen for i in b) / padded:.1%}")
+
+    class Compiled(torch.nn.Module):  # the model, its decoder compiled: what `role_targets` calls
+        def __init__(self, model):
+            super().__init__()
+            self.model, self.decoder = model, torch.compile(model.get_decoder(), dynamic=True)
+
+        def get_decoder(self):
+            return self.decoder
+
+        def get_output_embeddings(self):
+            return self.model.get_output_embeddings()
+
+    ways = {"eager": copy.deepcopy(model), "compiled": copy.deepcopy(model), "unmasked": copy.deepcopy(model)}
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=params.warmup.lr) for name, m in ways.items()}
+    callers = {"eager": ways["eager"], "compiled": Compiled(ways["compiled"]), "unmasked": ways["unmasked"]}
+    losses: dict[str, list[float]] = {}
+
+    def one_pass(name: str) -> float:
+        start, out = time.perf_counter(), []
+        for batch in batches:
+            if name == "unmasked":
+                batch = dict(batch, attention_mask=None)
+            loss = warmup_loss(callers[name], batch, params.warmup.lambda_env)["loss"]
+            optimizers[name].zero_grad()
+            loss.backward()
+            optimizers[name].step()
+            out.append(loss.item())
+        losses.setdefault(name, out)
+        return time.perf_counter() - start
+
+    start = time.perf_counter()
+    one_pass("compiled")  # compiles (the first round's numbers come from the next passes)
+    print(f"compile (and one pass): {time.perf_counter() - start:.1f} s")
+    for name in ("eager", "unmasked"):  # the others' first pass, so every copy has taken the same steps
+        one_pass(name)
+    times = {name: [] for name in ways}
+    for _ in range(args.rounds):
+        for name in ways:
+            times[name].append(one_pass(name))
+    eager = statistics.median(times["eager"])
+    for name, t in times.items():
+        first = abs(losses[name][0] - losses["eager"][0])  # the same weights: rounding alone
+        print(f"{name:>9}: {statistics.median(t):6.2f} s for {len(batches)} steps (rounds {', '.join(f'{x:.2f}' for x in t)}), "
+              f"eager / this {eager / statistics.median(t):.2f}, first step's loss minus eager's {first:.1e}")
+
+
+if __name__ == "__main__":
+    main()
