@@ -36,6 +36,7 @@ def main() -> None:
     from envace.rollout import lean as lean_decoding
     from envace.rollout import runner
     from envace.rollout.runner import EpisodeRunner, RealResponder, load_policy
+    from profile_grpo import timed  # bench/ is the script's own directory
 
     torch.set_num_threads(cpu_threads())
     params = load_params()
@@ -64,20 +65,9 @@ def main() -> None:
 
         return wrapper
 
-    def timed(name: str, fn):
-        @functools.wraps(fn)
-        def wrapper(*a, **k):
-            start = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                count[name] += time.perf_counter() - start
-
-        return wrapper
-
     runner.generate = recorded(runner.generate)
-    lean_decoding.LeanDecoder.prefill = timed("prefill", lean_decoding.LeanDecoder.prefill)
-    lean_decoding.LeanDecoder.step = timed("decode steps", lean_decoding.LeanDecoder.step)
+    lean_decoding.LeanDecoder.prefill = timed(count, "prefill", lean_decoding.LeanDecoder.prefill)
+    lean_decoding.LeanDecoder.step = timed(count, "decode steps", lean_decoding.LeanDecoder.step)
     start = time.perf_counter()
     episodes = EpisodeRunner(policy, RealResponder(), params.rollout, temperature=0.0).run(tasks)
     wall = time.perf_counter() - start

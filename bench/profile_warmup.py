@@ -32,29 +32,38 @@ def group_of(name: str) -> str:
     return "elementwise and other"
 
 
+def warmup_setup(episodes: int):
+    """The default params, the base model, its policy, warmup's dataset over the first
+    `episodes` training episodes (epoch 1's relabelling) and its length-bucketed batches."""
+    from envace.config import load_params
+    from envace.io import read_jsonl
+    from envace.model import load, max_len
+    from envace.paths import BASE_MODEL, PREPARED
+    from envace.rollout.runner import Policy
+    from envace.train.data import SFTDataset, length_batches
+
+    params = load_params()
+    model, tokenizer = load(BASE_MODEL)
+    policy = Policy(model, tokenizer, max_len(params.model, model))
+    logged = list(read_jsonl(PREPARED / "train.jsonl"))[:episodes]
+    data = SFTDataset(logged, policy.template, tokenizer, params.roles.privileged_dropout, 0, max_len=policy.max_len,
+                      max_repeat=params.warmup.rare_tool_repeat, relabel_rate=params.warmup.relabel_rate)
+    data.resample(1)
+    batches = length_batches([len(ids) for ids, _ in data.examples], params.warmup.batch_size, random.Random(0))
+    return params, model, policy, data, batches
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--episodes", type=int, default=800, help="training episodes the batches come from")
     args = parser.parse_args()
 
-    from envace.config import load_params
-    from envace.io import read_jsonl
-    from envace.model import load, max_len
-    from envace.paths import BASE_MODEL, PREPARED
-    from envace.rollout.runner import Policy
-    from envace.train.data import SFTDataset, collate, length_batches
+    from envace.train.data import collate
     from envace.train.losses import warmup_loss
 
     torch.set_num_threads(2)
-    params = load_params()
-    model, tokenizer = load(BASE_MODEL)
-    policy = Policy(model, tokenizer, max_len(params.model, model))
-    episodes = list(read_jsonl(PREPARED / "train.jsonl"))[: args.episodes]
-    data = SFTDataset(episodes, policy.template, tokenizer, params.roles.privileged_dropout, 0, max_len=policy.max_len,
-                      max_repeat=params.warmup.rare_tool_repeat, relabel_rate=params.warmup.relabel_rate)
-    data.resample(1)
-    batches = length_batches([len(ids) for ids, _ in data.examples], params.warmup.batch_size, random.Random(0))
+    params, model, policy, data, batches = warmup_setup(args.episodes)
     optimizer = torch.optim.AdamW(model.parameters(), lr=params.warmup.lr)
     phases, tokens = defaultdict(float), 0
 

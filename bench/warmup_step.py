@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import random
 import statistics
 import time
 
@@ -30,24 +29,15 @@ def main() -> None:
 
     import torch
 
-    from envace.config import load_params
-    from envace.io import read_jsonl
-    from envace.model import cpu_threads, load, max_len
-    from envace.paths import BASE_MODEL, PREPARED
-    from envace.rollout.runner import Policy
-    from envace.train.data import SFTDataset, collate, length_batches
+    from envace.model import cpu_threads
+    from envace.train.data import collate
     from envace.train.losses import warmup_loss
+    from profile_warmup import warmup_setup  # bench/ is the script's own directory
 
     torch.set_num_threads(cpu_threads())
-    params = load_params()
-    model, tokenizer = load(BASE_MODEL)
-    policy = Policy(model, tokenizer, max_len(params.model, model))
-    episodes = list(read_jsonl(PREPARED / "train.jsonl"))[: args.episodes]
-    data = SFTDataset(episodes, policy.template, tokenizer, params.roles.privileged_dropout, 0, max_len=policy.max_len,
-                      max_repeat=params.warmup.rare_tool_repeat, relabel_rate=params.warmup.relabel_rate)
-    data.resample(1)
+    params, model, policy, data, all_batches = warmup_setup(args.episodes)
     lengths = [len(ids) for ids, _ in data.examples]
-    chosen = length_batches(lengths, params.warmup.batch_size, random.Random(0))[: args.steps]
+    chosen = all_batches[: args.steps]
     batches = [collate([data[i] for i in b], policy.pad_id) for b in chosen]
     padded = sum(b["input_ids"].numel() for b in batches)
     print(f"{len(batches)} batches of {params.warmup.batch_size}: padding {1 - sum(lengths[i] for b in chosen for i in b) / padded:.1%}")
