@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import time
 from collections import defaultdict
 
@@ -45,12 +46,6 @@ def main() -> None:
     count: dict = defaultdict(float)
     earlier: dict[tuple, list[list[int]]] = defaultdict(list)  # first KEY tokens -> prompt + output
 
-    def common(a: list[int], b: list[int]) -> int:
-        n = 0
-        while n < min(len(a), len(b)) and a[n] == b[n]:
-            n += 1
-        return n
-
     def recorded(generate):
         @functools.wraps(generate)
         def wrapper(model, prompts, *rest, **kwargs):
@@ -58,7 +53,7 @@ def main() -> None:
             for prompt, output in zip(prompts, outputs):
                 before = earlier[tuple(prompt[:KEY])]
                 count["prompt"] += len(prompt)
-                count["shared"] += max((common(prompt, seq) for seq in before), default=0)
+                count["shared"] += max((len(os.path.commonprefix([prompt, seq])) for seq in before), default=0)
                 count["extends"] += max((len(seq) for seq in before if prompt[: len(seq)] == seq), default=0)
                 before.append(prompt + output)
             return outputs
