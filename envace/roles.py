@@ -289,11 +289,18 @@ def check_template(tokenizer, tools: list[dict]) -> None:
                             "(does the template drop the system turn?)")
 
 
-def encode(tokenizer, segments: list[Segment]) -> tuple[list[int], list[int]]:
-    """Token ids and, per token, the role that generated it (ROLE_IDS: 0 context, 1 ACT, 2 REHEARSE)."""
+def encode(tokenizer, segments: list[Segment], memo: dict[str, list[int]] | None = None) -> tuple[list[int], list[int]]:
+    """Token ids and, per token, the role that generated it (ROLE_IDS: 0 context, 1 ACT, 2 REHEARSE).
+
+    `memo` (text -> ids, the caller's) spares re-tokenizing a segment seen before: a segment is
+    tokenized on its own, so its ids never depend on its neighbours."""
     ids, roles = [], []
     for seg in segments:
-        piece = tokenizer.encode(seg.text, add_special_tokens=False)
+        piece = memo.get(seg.text) if memo is not None else None
+        if piece is None:
+            piece = tokenizer.encode(seg.text, add_special_tokens=False)
+            if memo is not None:
+                memo[seg.text] = piece
         ids += piece
         roles += [ROLE_IDS[seg.role]] * len(piece)
     return ids, roles

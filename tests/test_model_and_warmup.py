@@ -323,6 +323,42 @@ def test_relabelling_does_not_depend_on_how_domains_hash(prepared_dir, tokenizer
     assert all(examples == built[0] for examples in built[1:])
 
 
+def test_permuted_draws_what_random_sample_draws():
+    # relabelling's fast permutation must rename exactly as `rng.sample` did (the pinned
+    # warmup models were trained on those names) and leave the stream where it left it
+    import random
+
+    from envace.train.data import permuted
+
+    for seed in range(50):
+        for n in (0, 1, 2, 3, 7, 64, 65, 298, 1000):
+            names = [f"n{i}" for i in range(n)]
+            ours, stdlib = random.Random(seed), random.Random(seed)
+            assert permuted(names, ours) == stdlib.sample(names, n)
+            assert ours.getstate() == stdlib.getstate()
+
+
+def test_an_epoch_redrawn_gives_the_same_examples(prepared_dir, tokenizer):
+    # what a resumed warmup relies on: the parts kept across epochs (ACT conversations, facts)
+    # and the tokenizing memo change nothing when an earlier epoch is drawn again
+    import random
+
+    from envace.io import read_jsonl
+    from envace.roles import MinimalTemplate, encode
+    from envace.train.data import SFTDataset, episode_segments
+
+    episodes = list(read_jsonl(prepared_dir / "data/prepared/train.jsonl"))[:80]
+    data = SFTDataset(episodes, MinimalTemplate(), tokenizer, 0.5, relabel_rate=0.5)
+    first = list(data.examples)
+    data.resample(1)
+    assert data.examples != first  # dropout and renaming are redrawn
+    data.resample(0)
+    assert data.examples == first
+    drawn = [episode_segments(episodes[0], MinimalTemplate(), random.Random(0), 0.5, fixed)
+             for fixed in (None, data.fixed[0])]  # rendered afresh, and from the kept parts
+    assert [[encode(tokenizer, segs) for segs in d] for d in drawn] == [[encode(tokenizer, segs) for segs in drawn[0]]] * 2
+
+
 def test_cpu_threads_follow_the_cores_a_process_may_use():
     """Two jobs pinned to a core each (taskset, a container's cpuset) get one thread each, not
     the machine's count, and ranks share what is there."""

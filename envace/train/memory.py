@@ -36,7 +36,7 @@ def memory_examples(episodes: list[dict], template, tokenizer, n: int, seed: int
     kinds: dict[tuple[str, str], list[dict]] = {}
     for e in solved:
         kinds.setdefault((e["task"]["domain"], e["task"]["task_type"]), []).append(e)
-    out = []
+    out, memo = [], {}  # memo: segments recur (headers, the same episode's turns in a memory)
     for k in range(n):
         episode = solved[k * len(solved) // n]
         task, messages = episode["task"], episode["messages"]
@@ -45,7 +45,7 @@ def memory_examples(episodes: list[dict], template, tokenizer, n: int, seed: int
             memory = [messages[1:]]
             if rng.random() < 0.5:
                 memory.append(rng.choice(kinds[(task["domain"], task["task_type"])])["messages"][1:])
-        ids, roles = encode(tokenizer, template.act(task["tools"], task["request"], messages, memory=memory, policy=task.get("policy", "")))
+        ids, roles = encode(tokenizer, template.act(task["tools"], task["request"], messages, memory=memory, policy=task.get("policy", "")), memo)
         out.append((ids[:max_len], roles[:max_len]))
     return out
 
