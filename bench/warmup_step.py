@@ -1,12 +1,13 @@
-"""A warmup step three ways, side by side: as warmup runs it (eager, with the attention mask),
-with the decoder compiled (`torch.compile`, inductor, `dynamic=True`), and without the
+"""A warmup step four ways, side by side: as warmup runs it (eager, fp32, with the attention
+mask), with the decoder compiled (`torch.compile`, inductor, `dynamic=True`), without the
 attention mask (right-padded rows are exact under plain causal attention: a real token never
-sees a pad after it).
+sees a pad after it), and under bf16 autocast (what `trainer.precision: bf16-mixed` does; on a
+CPU with AVX-512 BF16 a bf16 matmul runs at about twice fp32's rate).
 
 Run after `dvc repro base_model`: `.venv/bin/python bench/warmup_step.py [--steps 60] [--rounds 3]`.
 The same `--steps` length-bucketed batches of warmup's own dataset and loss, forward + backward
-+ AdamW, each way in turn per round (eager, compiled, unmasked, eager, ...), three copies of
-the model starting from the same weights. Prints each way's median seconds over the rounds,
++ AdamW, each way in turn per round (eager, compiled, unmasked, bf16, eager, ...), four copies
+of the model starting from the same weights. Prints each way's median seconds over the rounds,
 its ratio to eager, the compile time (inductor's disk cache makes a second process's much
 shorter), the batches' padding share and how far the first step's loss (the same weights) is from eager's;
 later steps part further, as training amplifies rounding.
@@ -53,9 +54,9 @@ def main() -> None:
         def get_output_embeddings(self):
             return self.model.get_output_embeddings()
 
-    ways = {"eager": copy.deepcopy(model), "compiled": copy.deepcopy(model), "unmasked": copy.deepcopy(model)}
+    ways = {name: copy.deepcopy(model) for name in ("eager", "compiled", "unmasked", "bf16")}
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=params.warmup.lr) for name, m in ways.items()}
-    callers = {"eager": ways["eager"], "compiled": Compiled(ways["compiled"]), "unmasked": ways["unmasked"]}
+    callers = {**ways, "compiled": Compiled(ways["compiled"])}
     losses: dict[str, list[float]] = {}
 
     def one_pass(name: str) -> float:
@@ -63,7 +64,8 @@ def main() -> None:
         for batch in batches:
             if name == "unmasked":
                 batch = dict(batch, attention_mask=None)
-            loss = warmup_loss(callers[name], batch, params.warmup.lambda_env)["loss"]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name == "bf16"):
+                loss = warmup_loss(callers[name], batch, params.warmup.lambda_env)["loss"]
             optimizers[name].zero_grad()
             loss.backward()
             optimizers[name].step()
@@ -74,7 +76,7 @@ def main() -> None:
     start = time.perf_counter()
     one_pass("compiled")  # compiles (the first round's numbers come from the next passes)
     print(f"compile (and one pass): {time.perf_counter() - start:.1f} s")
-    for name in ("eager", "unmasked"):  # the others' first pass, so every copy has taken the same steps
+    for name in ("eager", "unmasked", "bf16"):  # the others' first pass, so every copy has taken the same steps
         one_pass(name)
     times = {name: [] for name in ways}
     for _ in range(args.rounds):
