@@ -5,7 +5,10 @@ fp32 matmul ceiling (`bench/matmul.py`).
 Run after `dvc repro base_model`: `.venv/bin/python bench/profile_warmup.py [--steps 20]`.
 Trains `--steps` warmup steps (after 5 unmeasured ones) of the default model on the prepared
 training episodes, with warmup's own dataset, batching and loss, and prints the phases' share
-of the wall time, tokens/s, and the operator groups' share of the profiled CPU time.
+of the wall time, tokens/s, and the operator groups' share of the profiled CPU time; then the
+time warmup spends between epochs drawing the next epoch's examples (privileged dropout,
+renaming, tokenizing: `SFTDataset.resample` over every training episode) against an epoch's
+steps at the measured rate.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def group_of(name: str) -> str:
 
 def warmup_setup(episodes: int):
     """The default params, the base model, its policy, warmup's dataset over the first
-    `episodes` training episodes (epoch 1's relabelling) and its length-bucketed batches."""
+    `episodes` training episodes (0: all; epoch 1's relabelling) and its length-bucketed batches."""
     from envace.config import load_params
     from envace.io import read_jsonl
     from envace.model import load, max_len
@@ -45,7 +48,7 @@ def warmup_setup(episodes: int):
     params = load_params()
     model, tokenizer = load(BASE_MODEL)
     policy = Policy(model, tokenizer, max_len(params.model, model))
-    logged = list(read_jsonl(PREPARED / "train.jsonl"))[:episodes]
+    logged = list(read_jsonl(PREPARED / "train.jsonl"))[: episodes or None]
     data = SFTDataset(logged, policy.template, tokenizer, params.roles.privileged_dropout, 0, max_len=policy.max_len,
                       max_repeat=params.warmup.rare_tool_repeat, relabel_rate=params.warmup.relabel_rate)
     data.resample(1)
@@ -107,6 +110,16 @@ def main() -> None:
     print("operators (share of profiled CPU time):")
     for group, us in sorted(shares.items(), key=lambda kv: -kv[1]):
         print(f"  {group:<30} {us / cpu:>6.1%}")
+
+    full = warmup_setup(0)[3]  # every training episode, as warmup draws them
+    draws = []
+    for epoch in (2, 3, 4):
+        start = time.perf_counter()
+        full.resample(epoch)
+        draws.append(time.perf_counter() - start)
+    steps = -(-len(full) // params.warmup.batch_size) * total / args.steps
+    print(f"an epoch's examples ({len(full):,}): {min(draws):.1f}-{max(draws):.1f} s to draw, "
+          f"against ~{steps:.0f} s of steps an epoch at this rate")
 
 
 if __name__ == "__main__":
