@@ -294,13 +294,11 @@ def encode(tokenizer, segments: list[Segment], memo: dict[str, list[int]] | None
 
     `memo` (text -> ids, the caller's) spares re-tokenizing a segment seen before: a segment is
     tokenized on its own, so its ids never depend on its neighbours."""
-    ids, roles = [], []
+    ids, roles, memo = [], [], {} if memo is None else memo
     for seg in segments:
-        piece = memo.get(seg.text) if memo is not None else None
+        piece = memo.get(seg.text)
         if piece is None:
-            piece = tokenizer.encode(seg.text, add_special_tokens=False)
-            if memo is not None:
-                memo[seg.text] = piece
+            piece = memo[seg.text] = tokenizer.encode(seg.text, add_special_tokens=False)
         ids += piece
         roles += [ROLE_IDS[seg.role]] * len(piece)
     return ids, roles
