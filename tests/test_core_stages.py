@@ -151,6 +151,45 @@ def test_train_sft_is_the_warmup_model_and_unknown_variants_are_refused(warmed, 
     assert proc.returncode != 0 and "invalid choice: 'sim'" in proc.stderr
 
 
+def test_rl_variants_share_one_supervised_start_and_train_as_if_each_ran_it(warmed, tmp_path):
+    """The first RL variant saves ACT's supervised start; the next loads it and ends with the
+    same model and metrics, byte for byte, as a run that did the start itself. A damaged saved
+    start is run again, and a start saved from other params is never read."""
+    from envace.config import parse_params
+    from envace.stages.train import SHARED_START, start_stamp
+    from tests.conftest import TINY_PARAMS
+
+    after, alone = tmp_path / "after", tmp_path / "alone"
+    for d in (after, alone):
+        shutil.copytree(warmed / "data", d / "data")
+        shutil.copytree(warmed / "models/warmup", d / "models/warmup")
+    params = _params_file(tmp_path)
+    cmd = [sys.executable, "-m", "envace.stages.train", "--params", str(params), "--variant"]
+    first = subprocess.run([*cmd, "simulator"], cwd=after, capture_output=True, text=True)
+    assert first.returncode == 0 and "supervised start of ACT on 32" in first.stdout, first.stderr[-2000:]
+    second = subprocess.run([*cmd, "envace"], cwd=after, capture_output=True, text=True)
+    assert second.returncode == 0 and "supervised start of ACT loaded from" in second.stdout, second.stderr[-2000:]
+    assert len(list((after / SHARED_START).iterdir())) == 1
+
+    cwd = os.getcwd()
+    os.chdir(alone)
+    try:  # the stamp this run will look for, and one from other params
+        stamp = start_stamp(parse_params(TINY_PARAMS))
+        assert stamp != start_stamp(parse_params({**TINY_PARAMS, "train": {**TINY_PARAMS["train"], "memory_examples": 33}}))
+    finally:
+        os.chdir(cwd)
+    (alone / SHARED_START).mkdir(parents=True)
+    (alone / SHARED_START / f"{stamp}.pt").write_bytes(b"half a file")
+    (alone / SHARED_START / "other-params.pt").write_bytes(b"from other params")
+    only = subprocess.run([*cmd, "envace"], cwd=alone, capture_output=True, text=True)
+    assert only.returncode == 0 and "is unreadable (" in only.stdout, only.stderr[-2000:]
+    assert "supervised start of ACT on 32" in only.stdout
+    assert [f.name for f in (alone / SHARED_START).iterdir()] == [f"{stamp}.pt"]  # the stale one removed
+
+    for tracked in ("models/train/envace/model.safetensors", "metrics/train/envace.json"):
+        assert (after / tracked).read_bytes() == (alone / tracked).read_bytes(), tracked
+
+
 def _params_file(tmp_path, **sections):
     from tests.conftest import TINY_PARAMS, write_params
 

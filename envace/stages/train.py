@@ -10,6 +10,10 @@ A checkpoint is written after every step (`checkpoints/train/<variant>/last.ckpt
 killed mid-training resumes from it when started again with the same params and warmup
 model (each step's sampling is seeded by its step, so it ends where an uninterrupted run
 would), and the checkpoint is removed once the variant has finished.
+
+Every RL variant begins with the same supervised start of ACT (`supervised_start`), so the
+first variant to run saves its weights (`checkpoints/train/supervised_start/<stamp>.pt`) and
+the others load them instead of repeating it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from envace.stages import StageFailed
 MODELS, METRICS = TRAIN_MODELS, TRAIN_METRICS
 PLOTS = Path("plots/train")  # one curve per variant
 CHECKPOINTS = Path("checkpoints/train")
+SHARED_START = CHECKPOINTS / "supervised_start"  # one file: the supervised start every RL variant begins from
 
 
 def run(params: Params, variant: str = "envace") -> dict[str, Path]:
@@ -118,18 +123,73 @@ def supervised_start(policy, episodes: list[dict], params: Params, variant: str)
     """ACT's supervised start on successful logged episodes, most with a rehearsal memory
     (`envace.train.memory`). Every RL variant gets it — it also filters out the logs'
     mistakes, which would otherwise count as envace's gain — though only envace then plays
-    with memories."""
+    with memories.
+
+    It is the same for every variant (the same warmup model, examples, seed and updates), so
+    it runs once: the weights it ends with are saved under a stamp of everything they are
+    made from (`start_stamp`), and a variant that finds its stamp loads them instead — the
+    same weights to the bit, so the variant trains exactly as if it had run the start itself."""
+    import torch
+
     from envace.model import device_of
     from envace.train.memory import memory_examples, teach_memory
 
     cfg = params.train
     start = time.perf_counter()
-    policy.model.to(device_of(params.trainer))
+    device = device_of(params.trainer)
+    policy.model.to(device)
+    saved = SHARED_START / f"{start_stamp(params)}.pt"
+    if saved.exists():
+        try:
+            state = torch.load(saved, map_location=device, weights_only=True)
+        except Exception as err:  # noqa: BLE001 - torch raises many kinds for a damaged file
+            print(f"train[{variant}]: the saved supervised start {saved} is unreadable ({type(err).__name__}); "
+                  f"running it again", flush=True)
+        else:
+            policy.model.load_state_dict(state["weights"])
+            policy.model.eval()
+            print(f"train[{variant}]: supervised start of ACT loaded from {saved} (run by an earlier variant: "
+                  f"{state['summary']['examples']} examples, final ACT loss {state['summary']['act_loss']:.3f})",
+                  flush=True)
+            return dict(state["summary"])
     examples = memory_examples(episodes, policy.template, policy.tokenizer, cfg.memory_examples, cfg.seed, policy.max_len)
     loss = teach_memory(policy.model, examples, policy.pad_id, cfg.lr, params.warmup.batch_size, cfg.grad_clip, cfg.seed)
+    summary = {"examples": len(examples), "act_loss": round(loss, 4)}
+    save_start(saved, policy.model, summary)
     print(f"train[{variant}]: supervised start of ACT on {len(examples)} successful logged examples "
           f"(final ACT loss {loss:.3f}) in {time.perf_counter() - start:.0f}s", flush=True)
-    return {"examples": len(examples), "act_loss": round(loss, 4)}
+    return summary
+
+
+def start_stamp(params: Params) -> str:
+    """What the supervised start is made from: the params, the warmup model, the training
+    episodes, envace's code and the libraries that compute it. A saved start is reused only
+    under the same stamp, where running it again would give the same weights."""
+    import torch
+    import transformers
+
+    import envace
+    from envace.train.checkpoint import fingerprint
+
+    code = [f for f in sorted(Path(envace.__file__).parent.rglob("*")) if f.is_file() and "__pycache__" not in f.parts]
+    stamp = fingerprint(params, ("model", "trainer", "roles", "warmup", "train"), [WARMUP_MODEL, PREPARED / "train.jsonl", *code])
+    return f"{stamp}-{torch.__version__}-{transformers.__version__}".replace("+", "_")
+
+
+def save_start(path: Path, model, summary: dict) -> None:
+    """The start's weights and summary, written aside and renamed (a reader never sees half a
+    file; ranks that ran it alike may write in turn); an older stamp's file is removed."""
+    import os
+
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
+    torch.save({"weights": model.state_dict(), "summary": summary}, part)
+    os.replace(part, path)
+    for old in path.parent.glob("*.pt"):
+        if old != path:
+            old.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
