@@ -97,13 +97,12 @@ def _finish(tmp: Path, path: Path) -> None:
 
 
 @contextmanager
-def atomic_writer(path: str | Path, binary: bool = False):
-    """Open a temp file beside `path` (text, or bytes with `binary`); it replaces `path` only
-    if the block succeeds."""
+def atomic_writer(path: str | Path):
+    """Open a temp file beside `path`; it replaces `path` only if the block succeeds."""
     path = Path(path)
     tmp = _temp_beside(path)
     try:
-        with open(tmp, "wb" if binary else "w") as f:
+        with open(tmp, "w") as f:
             yield f
         _finish(tmp, path)
     except BaseException:

@@ -12,7 +12,7 @@ model (each step's sampling is seeded by its step, so it ends where an uninterru
 would), and the checkpoint is removed once the variant has finished.
 
 Every RL variant begins with the same supervised start of ACT (`supervised_start`), so the
-first variant to run saves its weights (`checkpoints/train/supervised_start/<stamp>.pt`, with its outputs) and
+first variant to run saves its weights (`checkpoints/train/supervised_start/<stamp>.pt`) and
 the others load them instead of repeating it.
 """
 
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from envace.config import Params
-from envace.io import atomic_writer, read_jsonl, write_csv, write_json, write_timings
+from envace.io import read_jsonl, write_csv, write_json, write_timings
 from envace.paths import PREPARED, TRAIN_METRICS, TRAIN_MODELS, WARMUP_MODEL
 from envace.stages import StageFailed
 
@@ -177,12 +177,16 @@ def start_stamp(params: Params) -> str:
 
 
 def save_start(path: Path, model, summary: dict) -> None:
-    """The start's weights and summary, written atomically with the stage's outputs (a reader
-    never sees half a file); an older stamp's file is removed."""
+    """The start's weights and summary, written aside and renamed (a reader never sees half a
+    file; ranks that ran it alike may write in turn); an older stamp's file is removed."""
+    import os
+
     import torch
 
-    with atomic_writer(path, binary=True) as f:
-        torch.save({"weights": model.state_dict(), "summary": summary}, f)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
+    torch.save({"weights": model.state_dict(), "summary": summary}, part)
+    os.replace(part, path)
     for old in path.parent.glob("*.pt"):
         if old != path:
             old.unlink(missing_ok=True)
