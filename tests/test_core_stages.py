@@ -154,7 +154,8 @@ def test_train_sft_is_the_warmup_model_and_unknown_variants_are_refused(warmed, 
 def test_rl_variants_share_one_supervised_start_and_train_as_if_each_ran_it(warmed, tmp_path):
     """The first RL variant saves ACT's supervised start; the next loads it and ends with the
     same model and metrics, byte for byte, as a run that did the start itself. A damaged saved
-    start is run again, and a start saved from other params is never read."""
+    start is run again, a start saved from other params is never read, and a killed writer's
+    temp is cleared."""
     from envace.config import parse_params
     from envace.stages.train import SHARED_START, start_stamp
     from tests.conftest import TINY_PARAMS
@@ -181,10 +182,14 @@ def test_rl_variants_share_one_supervised_start_and_train_as_if_each_ran_it(warm
     (alone / SHARED_START).mkdir(parents=True)
     (alone / SHARED_START / f"{stamp}.pt").write_bytes(b"half a file")
     (alone / SHARED_START / "other-params.pt").write_bytes(b"from other params")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (alone / SHARED_START / f"{stamp}.{int(dead.stdout)}.tmp").write_bytes(b"a killed writer's")
+    (alone / SHARED_START / f"{stamp}.{os.getpid()}.tmp").write_bytes(b"a live writer's")  # another rank, say
     only = subprocess.run([*cmd, "envace"], cwd=alone, capture_output=True, text=True)
     assert only.returncode == 0 and "is unreadable (" in only.stdout, only.stderr[-2000:]
     assert "supervised start of ACT on 32" in only.stdout
-    assert [f.name for f in (alone / SHARED_START).iterdir()] == [f"{stamp}.pt"]  # the stale one removed
+    # the other stamp's file and the dead writer's temp removed; the live writer's temp kept
+    assert sorted(f.name for f in (alone / SHARED_START).iterdir()) == sorted([f"{stamp}.pt", f"{stamp}.{os.getpid()}.tmp"])
 
     for tracked in ("models/train/envace/model.safetensors", "metrics/train/envace.json"):
         assert (after / tracked).read_bytes() == (alone / tracked).read_bytes(), tracked

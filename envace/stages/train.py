@@ -18,6 +18,7 @@ the others load them instead of repeating it.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -178,9 +179,8 @@ def start_stamp(params: Params) -> str:
 
 def save_start(path: Path, model, summary: dict) -> None:
     """The start's weights and summary, written aside and renamed (a reader never sees half a
-    file; ranks that ran it alike may write in turn); an older stamp's file is removed."""
-    import os
-
+    file; ranks that ran it alike may write in turn, each through its own temp); an older
+    stamp's file is removed, and so is the temp of a writer that died before renaming it."""
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -190,6 +190,24 @@ def save_start(path: Path, model, summary: dict) -> None:
     for old in path.parent.glob("*.pt"):
         if old != path:
             old.unlink(missing_ok=True)
+    for temp in path.parent.glob("*.tmp"):
+        if not writer_alive(temp):
+            temp.unlink(missing_ok=True)
+
+
+def writer_alive(temp: Path) -> bool:
+    """Whether the process named in a temp's name (`<stamp>.<pid>.tmp`) still runs: a live
+    writer (another rank) is about to rename its temp; a dead one's temp is litter."""
+    pid = temp.name.rsplit(".", 2)[-2] if temp.name.count(".") >= 2 else ""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 if __name__ == "__main__":

@@ -162,7 +162,8 @@ def run(params: Params) -> dict[str, Path]:
                       f"weakest tool {weakest} {core.get(weakest, 0.0):.3f}"
                       f"{' — gate passes on val, stopping' if confirmed else ''}", flush=True)
             trainer.should_stop = stopped["yes"] = confirmed
-            dataset.resample(epoch)  # redraw the privileged dropout
+            if not confirmed and epoch < cfg.max_epochs:  # another epoch follows: redraw its examples
+                dataset.resample(epoch)
 
     class RunState(L.Callback):
         """What a resumed run needs beyond Lightning's own state, saved in each checkpoint: the
