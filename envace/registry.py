@@ -27,6 +27,8 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from envace.evaluate import rate
+
 CHAMPION, CHALLENGER = "champion", "challenger"
 REAL_CALLS = "real_env_calls_train"  # version tag: the promotion suite compares it
 WEIGHTS = "model_sha256"  # version tag: the digest of the registered model directory
@@ -196,10 +198,11 @@ def _requirements() -> list[str]:
                                                     "jsonschema", "pydantic", "pyyaml", "mlflow")]
 
 
-def register(model_dir: Path, success: float, tasks: list[dict], config: dict, model_name: str,
+def register(model_dir: Path, success: float, scored: int, tasks: list[dict], config: dict, model_name: str,
              tags: dict[str, str], real_calls: int, params: dict | None = None) -> Registration:
     """New version of `model_name` (alias `challenger`); `champion` moves to it only if the
-    promotion suite passes: `success` beats the current champion's on the same `tasks`, with no
+    promotion suite passes: `success` (as `evaluate` wrote it, measured on `scored` tasks) beats
+    the current champion's, re-scored now on `tasks` — so both on as many tasks — with no
     more real calls in training (`real_calls`) than the champion made. `config` is the agent's
     `model_config`: {"rollout", "trainer", "max_seq_len", "memory_episodes", "domains"}; `params`, the
     pipeline's, go with the logged model."""
@@ -227,11 +230,11 @@ def register(model_dir: Path, success: float, tasks: list[dict], config: dict, m
     if champion is None:
         champion_success, promoted, reason = None, True, "no champion yet"
     else:
-        champion_success = success_of(f"models:/{model_name}@{CHAMPION}", tasks)
+        champion_success, champion_scored = success_of(f"models:/{model_name}@{CHAMPION}", tasks)
         tag = champion.tags.get(REAL_CALLS, "")
         champion_calls = int(tag) if tag.isdigit() else None  # None: registered before envace recorded it
-        table = comparison({"version": version, "success": success, "tasks": len(tasks), "real_calls": real_calls},
-                           {"version": champion.version, "success": champion_success, "tasks": len(tasks),
+        table = comparison({"version": version, "success": success, "tasks": scored, "real_calls": real_calls},
+                           {"version": champion.version, "success": champion_success, "tasks": champion_scored,
                             "real_calls": champion_calls})
         expectations = run_checks({"promotion": table}, checks(), gate="register")
         promoted = all(e["success"] for e in expectations)
@@ -314,7 +317,8 @@ def current_champion(client: MlflowClient, model_name: str):
         return None
 
 
-def success_of(model_uri: str, tasks: list[dict]) -> float:
-    """Held-out success of a registered agent, loaded the way users load it."""
+def success_of(model_uri: str, tasks: list[dict]) -> tuple[float, int]:
+    """Held-out success of a registered agent, loaded the way users load it and rounded as
+    `evaluate` rounds it, and the number of tasks it was scored on."""
     results = mlflow.pyfunc.load_model(model_uri).predict(tasks)
-    return sum(r["success"] for r in results) / max(1, len(results))
+    return (rate([bool(r["success"]) for r in results]) if len(results) else 0.0), len(results)

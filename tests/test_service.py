@@ -216,20 +216,20 @@ def test_challenger_becomes_champion_only_when_better(tmp_path, prepared_dir, mo
     tasks = [e["task"] for e in read_jsonl(prepared_dir / "data/prepared/test.jsonl")][:4]
     rollout = {"rollout": {"max_turns": 2, "max_new_tokens": 16}}
 
-    first = register(model_dir, 0.0, tasks, rollout, "agent", {"data_version": "d1"}, 0)
+    first = register(model_dir, 0.0, 4, tasks, rollout, "agent", {"data_version": "d1"}, 0)
     assert first.promoted and first.reason == "no champion yet" and first.expectations == []
     # the champion is re-evaluated on the same tasks (an untrained model: 0 of 4)
-    worse = register(model_dir, 0.0, tasks, rollout, "agent", {"data_version": "d2"}, 0)
+    worse = register(model_dir, 0.0, 4, tasks, rollout, "agent", {"data_version": "d2"}, 0)
     assert not worse.promoted and worse.champion_success == 0.0 and worse.champion_version == "1"
     assert [e["success"] for e in worse.expectations] == [False, True, True]  # not better; same tasks; no more calls
     client = MlflowClient()
     assert str(client.get_model_version_by_alias("agent", "champion").version) == "1"
     assert str(client.get_model_version_by_alias("agent", "challenger").version) == "2"
     # better, but trained with real calls the champion did without: the suite holds it back
-    costly = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d3"}, 120)
+    costly = register(model_dir, 0.5, 4, tasks, rollout, "agent", {"data_version": "d3"}, 120)
     assert not costly.promoted and "no more real calls in training" in costly.reason
     assert [e["success"] for e in costly.expectations] == [True, True, False]
-    better = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d4"}, 0,
+    better = register(model_dir, 0.5, 4, tasks, rollout, "agent", {"data_version": "d4"}, 0,
                       params={"train": {"steps": 3, "lr": 0.001}})
     assert better.promoted and str(client.get_model_version_by_alias("agent", "champion").version) == "4"
     version = client.get_model_version("agent", "4")
@@ -243,12 +243,16 @@ def test_challenger_becomes_champion_only_when_better(tmp_path, prepared_dir, mo
     params_file = client.download_artifacts(better.run_id, "params.yaml")
     assert "steps: 3" in Path(params_file).read_text()
     # the same model, data and params again (a forced rerun): the same registration, no new version
-    again = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d4"}, 0,
+    again = register(model_dir, 0.5, 4, tasks, rollout, "agent", {"data_version": "d4"}, 0,
                      params={"train": {"steps": 3, "lr": 0.001}})
     assert again == better and len(client.search_model_versions("name='agent'")) == 4
     (model_dir / "generation_config.json").write_text("{}")  # other weights or files: a new version
-    changed = register(model_dir, 0.5, tasks, rollout, "agent", {"data_version": "d4"}, 0)
+    changed = register(model_dir, 0.5, 4, tasks, rollout, "agent", {"data_version": "d4"}, 0)
     assert changed.version == "5" and changed.champion_version == "4"
+    # a success measured on other tasks than the champion is re-scored on is no comparison
+    elsewhere = register(model_dir, 0.5, 5, tasks, rollout, "agent", {"data_version": "d5"}, 0)
+    assert not elsewhere.promoted and "both were scored on the same number of test tasks" in elsewhere.reason
+    assert [e["success"] for e in elsewhere.expectations] == [True, False, True]
 
 
 def test_a_champion_with_unknown_training_calls_is_not_replaced_blindly():
@@ -265,6 +269,19 @@ def test_a_champion_with_unknown_training_calls_is_not_replaced_blindly():
     different = comparison({"version": "2", "success": 0.9, "tasks": 10, "real_calls": 0},
                            {"version": "1", "success": 0.1, "tasks": 12, "real_calls": 0})
     assert [r["success"] for r in run_checks({"promotion": different}, checks())] == [True, False, True]
+
+
+def test_a_challenger_level_with_the_champion_is_not_promoted_by_rounding():
+    """The challenger's success comes from eval.json (4 places), the champion's is re-scored
+    now: the same 714 of 797 tasks must compare equal, so the challenger stays challenger."""
+    from envace.evaluate import rate
+    from envace.gates import run_checks
+    from envace.gates.promotion import checks, comparison
+
+    outcomes = [True] * 714 + [False] * 83
+    table = comparison({"version": "4", "success": 0.8959, "tasks": 797, "real_calls": 0},  # eval.json's figure
+                       {"version": "3", "success": rate(outcomes), "tasks": 797, "real_calls": 0})
+    assert [r["success"] for r in run_checks({"promotion": table}, checks())] == [False, True, True]
 
 
 def _tiny_agent(tmp_path, prepared_dir, monkeypatch):
