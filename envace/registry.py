@@ -321,4 +321,4 @@ def success_of(model_uri: str, tasks: list[dict]) -> tuple[float, int]:
     """Held-out success of a registered agent, loaded the way users load it and rounded as
     `evaluate` rounds it, and the number of tasks it was scored on."""
     results = mlflow.pyfunc.load_model(model_uri).predict(tasks)
-    return (rate([bool(r["success"]) for r in results]) if len(results) else 0.0), len(results)
+    return (rate([r["success"] for r in results]) if len(results) else 0.0), len(results)

@@ -52,8 +52,8 @@ def run(params: Params) -> dict[str, Path]:
     config = {"rollout": params.rollout.model_dump(), "trainer": params.trainer.model_dump(),
               "max_seq_len": params.model.max_seq_len, "memory_episodes": params.roles.memory_episodes,
               "domains": [str(Path(d).resolve()) if Path(d).is_dir() else d for d in params.collect.domains]}
-    result = registry.register(model_dir, evaluated["success"], evaluated["n"], tasks, config, cfg.model_name, version_tags(params),
-                               evaluated["real_env_calls_train"], params.model_dump())
+    result = registry.register(model_dir, evaluated["success"], evaluated["n"], tasks, config, cfg.model_name,
+                               version_tags(params), evaluated["real_env_calls_train"], params.model_dump())
     write_json(METRICS, result.to_dict())
     write_text(REPORT, report(result))
     print(f"register: {cfg.model_name} v{result.version} is challenger; "

@@ -198,15 +198,15 @@ def save_start(path: Path, model, summary: dict) -> None:
 def writer_alive(temp: Path) -> bool:
     """Whether the process named in a temp's name (`<stamp>.<pid>.tmp`) still runs: a live
     writer (another rank) is about to rename its temp; a dead one's temp is litter."""
-    pid = temp.name.rsplit(".", 2)[-2] if temp.name.count(".") >= 2 else ""
+    pid = temp.name.rsplit(".", 2)[-2]  # a name without one reads as a dead writer's
     if not pid.isdigit():
         return False
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
 
 
