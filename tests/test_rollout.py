@@ -117,6 +117,31 @@ def test_lean_generation_gives_the_same_tokens_as_the_models_forward(tiny_model,
     assert run(stop, True) == finished and any(len(o) < 12 for o in finished)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_lean_prefill_in_length_sorted_groups_keeps_each_prompts_logits_and_tokens(tiny_model, temperature):
+    from envace.rollout.generate import mix64
+    from envace.rollout.lean import PREFILL_ROWS, LeanDecoder
+
+    rng = random.Random(4)
+    n = 2 * PREFILL_ROWS + 6  # two full groups and a short one, lengths shuffled across them
+    prompts = [[rng.randrange(20, 200) for _ in range(rng.randint(2, 40))] for _ in range(n)]
+    P = max(map(len, prompts))
+    ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        got = LeanDecoder(tiny_model, n, P + 1).prefill(ids, mask, positions)
+        want = tiny_model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    streams = [mix64(9, i) for i in range(n)]
+    run = lambda stop, lean: generate(tiny_model, prompts, 10, stop, 0, temperature, 0.9, streams, lean=lean)  # noqa: E731
+    reference = run(-1, False)  # the model's forward: every row prefilled together, in the given order
+    stop = reference[0][2]
+    assert run(-1, True) == reference
+    finished = run(stop, False)
+    assert run(stop, True) == finished and any(len(o) < 10 for o in finished)
+
+
 def test_lean_decoding_refuses_a_model_it_does_not_support(tiny_model):
     import copy
 
