@@ -154,7 +154,7 @@ class LeanDecoder:
 
     def keep(self, rows: torch.Tensor) -> None:
         """Only `rows` (indices into the live rows) decode on."""
-        n = rows.shape[0]
-        self.keys[:, :n] = self.keys[:, rows]
-        self.values[:, :n] = self.values[:, rows]
-        self.bias[:n] = self.bias[rows]
+        n, filled = rows.shape[0], self.filled  # columns beyond `filled` hold nothing yet: not copied
+        self.keys[:, :n, :, :, :filled] = self.keys[:, rows, :, :, :filled]
+        self.values[:, :n, :, :filled] = self.values[:, rows, :, :filled]
+        self.bias[:n, :, :, :filled] = self.bias[rows, :, :, :filled]
