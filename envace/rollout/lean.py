@@ -9,8 +9,9 @@ model's own parameters (so it always decodes the weights training just updated),
 stored transposed in a preallocated cache so attention is two plain matmuls. The prefill is
 written out too, for what it can skip: of the last layer only the keys and values enter the
 cache, so its queries, attention, output projection and MLP run for the last column alone
-(about 40% of a 2-layer model's prefill arithmetic), and keys and values go straight into the
-static cache. Results equal the model's forward up to float rounding (`tests/test_rollout.py`
+(about 40% of a 2-layer model's prefill arithmetic), keys and values go straight into the
+static cache, and rows are prefilled in length-sorted groups, each cut to its longest prompt
+(less padding; a group's activations stay in the CPU's cache). Results equal the model's forward up to float rounding (`tests/test_rollout.py`
 checks logits and the tokens generated).
 
 Shapes: B rows, P prompt columns, H query heads, G key/value heads, D head size, E hidden
