@@ -142,6 +142,17 @@ def test_lean_prefill_in_length_sorted_groups_keeps_each_prompts_logits_and_toke
     assert run(stop, True) == finished and any(len(o) < 10 for o in finished)
 
 
+def test_rehearsals_batched_by_length_come_back_in_the_prompts_order(tokenizer, tiny_model):
+    from envace.evaluate.rehearsal import rehearsed
+
+    policy = Policy(tiny_model, tokenizer)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(20, 200) for _ in range(rng.randint(2, 30))] for _ in range(13)]
+    alone = [rehearsed(policy, [p], max_new_tokens=6)[0] for p in prompts]
+    assert len({str(a) for a in alone}) > 1  # the rehearsals differ, so a shuffled order would show
+    assert rehearsed(policy, prompts, max_new_tokens=6, batch_size=4) == alone
+
+
 def test_lean_decoding_refuses_a_model_it_does_not_support(tiny_model):
     import copy
 

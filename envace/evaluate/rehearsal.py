@@ -48,12 +48,18 @@ def rehearsal_prompts(policy, episodes: list[dict], privileged: bool) -> list[tu
     return items
 
 
-def rehearsed(policy, prompts: list[list[int]], max_new_tokens: int = 96, batch_size: int = 128):
-    """Each prompt's greedy rehearsal, parsed; a Failure where it does not parse or never stops."""
-    for start in range(0, len(prompts), batch_size):
-        for ids in policy.generate(prompts[start : start + batch_size], max_new_tokens, 0.0, 1.0, None):
+def rehearsed(policy, prompts: list[list[int]], max_new_tokens: int = 96, batch_size: int = 128) -> list:
+    """Each prompt's greedy rehearsal, parsed; a Failure where it does not parse or never stops.
+    Batches are cut from the prompts sorted by length: a batch's rows pad to its longest
+    prompt in the prefill and in every decode step's cache read."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    outputs: list = [None] * len(prompts)
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        for i, ids in zip(batch, policy.generate([prompts[i] for i in batch], max_new_tokens, 0.0, 1.0, None)):
             text = policy.decode(ids) if ids is not None else ""
-            yield parse_rehearse(text, policy.template.end) if ids and ids[-1] == policy.stop_id else Failure("", text)
+            outputs[i] = parse_rehearse(text, policy.template.end) if ids and ids[-1] == policy.stop_id else Failure("", text)
+    return outputs
 
 
 def rehearsal_accuracy(policy, episodes: list[dict], privileged: bool, max_new_tokens: int = 96,
