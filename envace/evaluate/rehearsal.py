@@ -58,7 +58,8 @@ def rehearsed(policy, prompts: list[list[int]], max_new_tokens: int = 96, batch_
         batch = order[start : start + batch_size]
         for i, ids in zip(batch, policy.generate([prompts[i] for i in batch], max_new_tokens, 0.0, 1.0, None)):
             text = policy.decode(ids) if ids is not None else ""
-            outputs[i] = parse_rehearse(text, policy.template.end) if ids and ids[-1] == policy.stop_id else Failure("", text)
+            stopped = ids and ids[-1] == policy.stop_id
+            outputs[i] = parse_rehearse(text, policy.template.end) if stopped else Failure("", text)
     return outputs
 
 

@@ -11,8 +11,8 @@ written out too, for what it can skip: of the last layer only the keys and value
 cache, so its queries, attention, output projection and MLP run for the last column alone
 (about 40% of a 2-layer model's prefill arithmetic), keys and values go straight into the
 static cache, and rows are prefilled in length-sorted groups, each cut to its longest prompt
-(less padding; a group's activations stay in the CPU's cache). Results equal the model's forward up to float rounding (`tests/test_rollout.py`
-checks logits and the tokens generated).
+(less padding; a group's activations stay in the CPU's cache). Results equal the model's
+forward up to float rounding (`tests/test_rollout.py` checks logits and the tokens generated).
 
 Shapes: B rows, P prompt columns, H query heads, G key/value heads, D head size, E hidden
 size, V vocabulary.
@@ -104,8 +104,8 @@ class LeanDecoder:
 
     def _prefill_rows(self, rows: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                       columns: slice) -> torch.Tensor:
-        """`prefill` for some rows of the batch: ids, mask, positions [R, W], written to the
-        cache's `rows` at `columns` (W of them) → logits at the last column [R, V]."""
+        """`prefill` for one group: ids, mask, positions [B, P] (here the group's rows and its
+        P columns), written to the cache's `rows` at `columns` → logits at the last column [B, V]."""
         B, P = ids.shape
         cos, sin = (c[:, None] for c in self._rope(positions))  # [B, 1, P, D]
         # causal, and never at a pad key; a pad column also sees itself, so no row of the
