@@ -142,6 +142,36 @@ def test_lean_prefill_in_length_sorted_groups_keeps_each_prompts_logits_and_toke
     assert run(stop, True) == finished and any(len(o) < 10 for o in finished)
 
 
+def test_rows_leaving_the_batch_change_no_other_rows_tokens(tiny_model):
+    import doctest
+
+    from envace.rollout import generate as generation
+    from envace.rollout.generate import mix64
+
+    assert doctest.testmod(generation).failed == 0  # survivors: live rows beyond fill the finished rows' places
+    rng = random.Random(6)
+    prompts = [[rng.randrange(20, 200) for _ in range(rng.randint(2, 30))] for _ in range(20)]
+    streams = [mix64(11, i) for i in range(20)]
+    run = lambda rows, stop: generate(tiny_model, [prompts[i] for i in rows], 10, stop, 0, 1.0, 0.9,  # noqa: E731
+                                      [streams[i] for i in rows])
+    stop = run([0], -1)[0][2]
+    together = run(range(20), stop)
+    assert together == [run([i], stop)[0] for i in range(20)]
+    assert len({len(o) for o in together}) > 2  # rows finished at several steps, from several places
+
+
+def test_policy_encodes_as_the_tokenizer_does_with_its_memo_kept_small(tokenizer, monkeypatch):
+    from envace.roles import Segment, encode
+    from envace.rollout import runner
+
+    monkeypatch.setattr(runner, "MEMO_SEGMENTS", 3)
+    policy = Policy(None, tokenizer)
+    conversations = [[Segment("find the account of Bob"), Segment(f"turn {i} of {n}", ACT)] for n in range(4) for i in range(n)]
+    for segments in conversations + conversations:
+        assert policy.encode(segments) == encode(tokenizer, segments)[0]
+        assert len(policy.memo) <= 3 + len(segments)
+
+
 def test_rehearsals_batched_by_length_come_back_in_the_prompts_order(tokenizer, tiny_model):
     from envace.evaluate.rehearsal import rehearsed
 

@@ -70,6 +70,22 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, u: torch
     return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
+def survivors(still: torch.Tensor) -> torch.Tensor:
+    """The live rows' indices [n] for a mask `still` [L]: a row that stays in the first n keeps
+    its place and the live rows beyond fill the finished rows' places, so dropping k finished
+    rows moves at most k rows of the KV cache (keeping the order would move every row after the
+    first finished one).
+
+    >>> survivors(torch.tensor([True, False, True, False, True, True])).tolist()
+    [0, 4, 2, 5]
+    """
+    n = int(still.sum())
+    order = torch.arange(n, device=still.device)
+    holes = (~still[:n]).nonzero().squeeze(-1)
+    order[holes] = still[n:].nonzero().squeeze(-1) + n
+    return order
+
+
 def cache_kwarg(model) -> str:
     """The forward keyword for the KV cache: `cache` since transformers 5.2x, `past_key_values`
     before; a model that silently swallows the wrong one decodes every token without context.
@@ -153,7 +169,7 @@ def generate(
         if len(outputs[live[0].item()]) >= max_new_tokens or not still.any():
             break
         if not still.all():  # drop finished rows from the batch and the cache
-            keep = still.nonzero().squeeze(-1)
+            keep = survivors(still)
             live, token, next_pos = live[keep], token[keep], next_pos[keep]
             decoder.keep(keep)
         logits = decoder.step(token, next_pos)

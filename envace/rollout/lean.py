@@ -154,8 +154,11 @@ class LeanDecoder:
         return F.linear(self._rms(x, self.norm.weight), self.head)
 
     def keep(self, rows: torch.Tensor) -> None:
-        """Only `rows` (indices into the live rows) decode on."""
-        n, filled = rows.shape[0], self.filled  # columns beyond `filled` hold nothing yet: not copied
-        self.keys[:, :n, :, :, :filled] = self.keys[:, rows, :, :, :filled]
-        self.values[:, :n, :, :filled] = self.values[:, rows, :, :filled]
-        self.bias[:n, :, :, :filled] = self.bias[rows, :, :, :filled]
+        """Only `rows` (indices into the live rows) decode on, row i of the cache becoming
+        row rows[i]: only the rows that change place are copied, and only the columns written
+        so far."""
+        moved = (rows != torch.arange(rows.shape[0])).nonzero().squeeze(-1)
+        source, filled = rows[moved], self.filled  # gathered before written: any order is safe
+        self.keys[:, moved, :, :, :filled] = self.keys[:, source, :, :, :filled]
+        self.values[:, moved, :, :filled] = self.values[:, source, :, :filled]
+        self.bias[moved, :, :, :filled] = self.bias[source, :, :, :filled]

@@ -36,6 +36,7 @@ from envace.roles import ACT, REHEARSE, Failure, encode, parse_act, parse_rehear
 from envace.rollout.generate import generate, mix64, unit
 
 SIMULATOR = "simulator"
+MEMO_SEGMENTS = 100_000  # a policy's tokenized segments kept (a few tens of MB), then forgotten at once
 
 
 @dataclass
@@ -93,9 +94,12 @@ class Policy:
         self.template = template_for(tokenizer)
         self.stop_id = tokenizer.convert_tokens_to_ids(self.template.end)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_id
+        self.memo: dict[str, list[int]] = {}  # segment text -> ids: every turn re-encodes the conversation
 
     def encode(self, segments) -> list[int]:
-        return encode(self.tokenizer, segments)[0]
+        if len(self.memo) > MEMO_SEGMENTS:
+            self.memo.clear()
+        return encode(self.tokenizer, segments, self.memo)[0]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
