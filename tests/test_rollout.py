@@ -142,6 +142,40 @@ def test_lean_prefill_in_length_sorted_groups_keeps_each_prompts_logits_and_toke
     assert run(stop, True) == finished and any(len(o) < 10 for o in finished)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_lean_prefill_of_shared_beginnings_keeps_each_prompts_logits_and_tokens(tiny_model, temperature):
+    from envace.rollout.generate import left_padded, mix64
+    from envace.rollout.lean import PREFILL_ROWS, SHARED_LEAST, LeanDecoder, shared_prefixes
+
+    rng = random.Random(8)
+    words = lambda n: [rng.randrange(20, 200) for _ in range(n)]  # noqa: E731
+    header = words(12)  # a tool list every prompt begins with; then tasks, each played by several rows
+    tasks = [header + words(rng.randint(SHARED_LEAST, 20)) for _ in range(6)]
+    prompts = [rng.choice(tasks) + words(rng.randint(0, 15)) for _ in range(PREFILL_ROWS + 9)]
+    prompts += [words(rng.randint(2, 40)) for _ in range(5)] + [tasks[0][:SHARED_LEAST + 1]] * 2  # alone; twins
+    rng.shuffle(prompts)
+    groups = shared_prefixes(prompts)
+    assert len(groups) > 1 and sum(len(rows) for rows, _ in groups) > len(prompts) // 2
+    ids, mask, positions = left_padded(prompts, 0)
+    with torch.no_grad():
+        decoder = LeanDecoder(tiny_model, len(prompts), ids.shape[1] + 1)
+        got = decoder.prefill(ids, mask, positions)
+        want = tiny_model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    torch.testing.assert_close(got, want.logits[:, -1], atol=1e-5, rtol=1e-5)
+    real = mask.bool()[:, None, :, None]  # [B, 1, P, 1]: a pad column's key and value are never read
+    for i, cached in enumerate(want.past_key_values.layers):  # every copied beginning in its own row's columns
+        keys = decoder.keys[i, :, :, :, : ids.shape[1]].transpose(-1, -2)
+        torch.testing.assert_close(keys * real, cached.keys * real, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(decoder.values[i, :, :, : ids.shape[1]] * real, cached.values * real, atol=1e-5, rtol=1e-5)
+    streams = [mix64(10, i) for i in range(len(prompts))]
+    run = lambda stop, lean: generate(tiny_model, prompts, 10, stop, 0, temperature, 0.9, streams, lean=lean)  # noqa: E731
+    reference = run(-1, False)
+    stop = reference[0][2]
+    assert run(-1, True) == reference
+    finished = run(stop, False)
+    assert run(stop, True) == finished and any(len(o) < 10 for o in finished)
+
+
 def test_rows_leaving_the_batch_change_no_other_rows_tokens(tiny_model):
     import doctest
 

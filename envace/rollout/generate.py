@@ -70,6 +70,21 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, u: torch
     return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids, mask, positions [B, P]: every prompt ends at column P-1, its positions counted from 0.
+
+    >>> [t.tolist() for t in left_padded([[5, 6], [7]], 0)]
+    [[[5, 6], [0, 7]], [[1, 1], [0, 1]], [[0, 1], [0, 0]]]
+    """
+    B, P = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((B, P), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, P), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, P - len(p):] = 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def survivors(still: torch.Tensor) -> torch.Tensor:
     """The live rows' indices [n] for a mask `still` [L]: a row that stays in the first n keeps
     its place and the live rows beyond fill the finished rows' places, so dropping k finished
@@ -146,15 +161,9 @@ def generate(
     if temperature > 0 and (streams is None or len(streams) != len(prompts)):
         raise ValueError("sampling needs one stream key per prompt")
     device = next(model.parameters()).device
-    B, P = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((B, P), pad_id, dtype=torch.long)
-    mask = torch.zeros((B, P), dtype=torch.long)
-    for i, p in enumerate(prompts):  # left padding: every prompt ends at column P-1
-        ids[i, P - len(p):] = torch.tensor(p)
-        mask[i, P - len(p):] = 1
-    ids, mask = ids.to(device), mask.to(device)
+    ids, mask, positions = (t.to(device) for t in left_padded(prompts, pad_id))
+    B, P = ids.shape
     keys = np.array(streams if temperature > 0 else [0] * B, dtype=np.uint64)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
     decoder = decoder_for(model, B, P + max_new_tokens, lean)
     logits = decoder.prefill(ids, mask, positions)  # [B, V]
     outputs: list[list[int]] = [[] for _ in range(B)]
