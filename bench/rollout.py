@@ -8,7 +8,8 @@ uneven length; each cell is timed in turn (lean, forward, HF, lean, ...) and the
 `--repeats` runs is reported, so the ratios hold when the machine's speed drifts. Also timed:
 one new token only (the prefill), which gives the prefill's share of HF's time, the prefills'
 ratio and the decode steps' ratio alone. Writes the lean/HF ratio per batch size (at the first prompt length) to
-`metrics/bench_rollout.json`.
+`metrics/bench_rollout.json`. `--share 8`: prompts in groups of 8 that begin alike, as a GRPO
+group's do (the lean prefill computes a shared beginning once; printed, not written).
 """
 
 from __future__ import annotations
@@ -23,9 +24,18 @@ from pathlib import Path
 import torch
 
 
-def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+def _prompts(batch: int, length: int, vocab: int, seed: int, share: int = 1) -> list[list[int]]:
+    """Random prompts of half to all of `length` tokens; with `share` > 1, rows come in groups of
+    `share` that begin alike for half to three quarters of their length (as a GRPO group's
+    episodes of one task do), each row's own tokens after."""
     rng = random.Random(seed)
-    return [[rng.randrange(20, vocab) for _ in range(rng.randint(length // 2, length))] for _ in range(batch)]
+    word = lambda: rng.randrange(20, vocab)  # noqa: E731
+    prompts = []
+    for _ in range(0, batch, share):
+        beginning = [word() for _ in range(rng.randint(length // 2, length * 3 // 4))] if share > 1 else []
+        prompts += [beginning + [word() for _ in range(rng.randint(length // 2, length) - len(beginning))]
+                    for _ in range(share)]
+    return prompts[:batch]
 
 
 def ours(model, prompts, new, lean: bool):
@@ -49,6 +59,8 @@ def main() -> None:
     parser.add_argument("--lengths", default="160,64", help="max prompt lengths")
     parser.add_argument("--new", type=int, default=32, help="tokens generated per sequence")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--share", type=int, default=1,
+                        help="rows per group of prompts that begin alike (8: like GRPO's groups; 1: none, the target's bench)")
     parser.add_argument("--out", default="metrics/bench_rollout.json", help="where the ratios go ('' = nowhere)")
     args = parser.parse_args()
 
@@ -77,7 +89,7 @@ def main() -> None:
     ratios = {}
     for batch in map(int, args.batches.split(",")):
         for length in map(int, args.lengths.split(",")):
-            prompts = _prompts(batch, length, vocab, seed=batch * 1000 + length)
+            prompts = _prompts(batch, length, vocab, seed=batch * 1000 + length, share=args.share)
             times = {(name, new): [] for name, _, new in runs}
             with torch.no_grad():
                 for _, fn, _ in runs[:3]:
@@ -95,7 +107,9 @@ def main() -> None:
             print(f"{batch:>5} {length:>6} {batch * args.new / full['lean']:>11.0f} {batch * args.new / full['forward']:>14.0f} "
                   f"{batch * args.new / full['hf']:>9.0f} {full['hf'] / full['lean']:>8.2f} {full['hf'] / full['forward']:>11.2f} "
                   f"{t['hf', 1] / full['hf']:>11.0%} {t['hf', 1] / t['lean', 1]:>16.2f} {decode:>15.2f}")
-    if args.out:
+    if args.out and args.share > 1:
+        print(f"not written to {args.out}: its ratios are for prompts that share nothing (--share 1)")
+    elif args.out:
         from envace.io import write_json
 
         write_json(args.out, {"ratio": ratios})
