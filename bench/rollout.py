@@ -45,9 +45,9 @@ def ours(model, prompts, new, lean: bool):
 
 
 def hf(model, prompts, new):
-    P = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
+    from envace.rollout.generate import left_padded
+
+    ids, mask, _ = left_padded(prompts, 0)
     return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
                           do_sample=False, pad_token_id=0, eos_token_id=None)
 

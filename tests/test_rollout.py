@@ -10,7 +10,7 @@ from envace.config import ModelConfig, RolloutConfig
 from envace.data.demonstrations import generate_tasks
 from envace.domains import get_domain
 from envace.roles import ACT, REHEARSE
-from envace.rollout.generate import cache_kwarg, generate
+from envace.rollout.generate import cache_kwarg, generate, left_padded
 from envace.rollout.runner import EpisodeRunner, ModelResponder, Policy, RealResponder
 
 
@@ -83,10 +83,8 @@ def test_lean_decoder_logits_equal_the_models_forward(tiny_model, which):
 
     model = tiny_model if which == "embedded" else _gqa_model()
     prompts, new = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18]], [[20, 21, 22], [23, 24, 25], [26, 27, 28]]
-    P = max(map(len, prompts))
-    ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, positions = left_padded(prompts, 0)
+    P = ids.shape[1]
     decoder = LeanDecoder(model, 3, P + 3)
     with torch.no_grad():
         got = [decoder.prefill(ids, mask, positions)]
@@ -125,10 +123,8 @@ def test_lean_prefill_in_length_sorted_groups_keeps_each_prompts_logits_and_toke
     rng = random.Random(4)
     n = 2 * PREFILL_ROWS + 6  # two full groups and a short one, lengths shuffled across them
     prompts = [[rng.randrange(20, 200) for _ in range(rng.randint(2, 40))] for _ in range(n)]
-    P = max(map(len, prompts))
-    ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, positions = left_padded(prompts, 0)
+    P = ids.shape[1]
     with torch.no_grad():
         got = LeanDecoder(tiny_model, n, P + 1).prefill(ids, mask, positions)
         want = tiny_model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
@@ -144,7 +140,7 @@ def test_lean_prefill_in_length_sorted_groups_keeps_each_prompts_logits_and_toke
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_lean_prefill_of_shared_beginnings_keeps_each_prompts_logits_and_tokens(tiny_model, temperature):
-    from envace.rollout.generate import left_padded, mix64
+    from envace.rollout.generate import mix64
     from envace.rollout.lean import PREFILL_ROWS, SHARED_LEAST, LeanDecoder, shared_prefixes
 
     rng = random.Random(8)

@@ -29,6 +29,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from envace.rollout.generate import left_padded
+
 PREFILL_ROWS = 32  # rows prefilled together (`LeanDecoder.prefill`)
 SHARED_LEAST = 16  # the shortest beginning that prompts share which is prefilled once for all
 
@@ -157,8 +159,6 @@ class LeanDecoder:
         shares in turn what the beginnings share), and copy its keys and values into the
         columns of every prompt that begins so → per row, how many of its columns are in the
         cache [B]."""
-        from envace.rollout.generate import left_padded
-
         B, P = ids.shape
         prompts = [row[P - n:] for row, n in zip(ids.tolist(), lengths.tolist())]
         shared = torch.zeros(B, dtype=torch.long)
