@@ -143,7 +143,9 @@ def _serve(args) -> int:
 
 def _act(args) -> int:
     from envace.act import act
+    from envace.model import flush_denormals
 
+    flush_denormals()
     return act(args)
 
 

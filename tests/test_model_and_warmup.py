@@ -367,3 +367,39 @@ def test_cpu_threads_follow_the_cores_a_process_may_use():
 
     pinned = "import os; from envace.model import cpu_threads; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); print(cpu_threads(), cpu_threads(4))"
     assert subprocess.run([sys.executable, "-c", pinned], capture_output=True, text=True, check=True).stdout.split() == ["1", "1"]
+
+
+# A stage whose run() reports how a parallel operator treats denormals: x * 1 over 4M
+# denormal floats, split over two torch threads; the share that came out 0 (flushed).
+_STAGE_REPORTING_DENORMALS = """
+import sys
+from envace.stages import main
+
+def run(params):
+    torch_before = "torch" in sys.modules
+    import torch
+    torch.set_num_threads(2)
+    x = torch.full((1 << 22,), 1e-39)
+    print("torch imported before run:", torch_before, "flushed:", ((x * 1.0) == 0).float().mean().item())
+    return {}
+
+main(sys.argv.pop(1), run)
+"""
+
+
+@pytest.mark.parametrize("stage, expected", [("warmup", "True flushed: 1.0"), ("collect", "False flushed: 0.0")])
+def test_a_model_stage_flushes_denormals_on_every_torch_thread(stage, expected, tmp_path):
+    """Denormals take a slow path on many CPUs and a trained model makes many: every stage that
+    runs a model computes with them flushed to zero, in each of torch's threads (set before the
+    threads exist: set late, only the calling thread's half of the operator would be flushed); a
+    data stage neither flushes nor imports torch."""
+    import subprocess
+    import sys
+
+    from tests.conftest import TINY_PARAMS, write_params
+
+    params = write_params(tmp_path / "params.yaml", TINY_PARAMS)
+    out = subprocess.run([sys.executable, "-c", _STAGE_REPORTING_DENORMALS, stage, "--params", str(params)],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"torch imported before run: {expected}" in out.stdout

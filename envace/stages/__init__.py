@@ -12,6 +12,7 @@ import time
 from typing import Callable
 
 STAGES = ("collect", "prepare", "validate_data", "base_model", "warmup", "rehearsal_gate", "train", "evaluate", "rehearse", "register", "summary")  # dvc.yaml order
+MODEL_STAGES = ("base_model", "warmup", "rehearsal_gate", "train", "evaluate", "rehearse", "register")  # run a model (torch)
 
 
 class StageFailed(RuntimeError):
@@ -29,6 +30,10 @@ def main(name: str, run: Callable, variants: tuple[str, ...] = ()) -> None:
     if variants:
         parser.add_argument("--variant", choices=variants, default=variants[-1])
     args = parser.parse_args()
+    if name in MODEL_STAGES:  # before torch starts its threads (the data stages never import it)
+        from envace.model import flush_denormals
+
+        flush_denormals()
     start = time.perf_counter()
     try:
         params = load_params(args.params)
