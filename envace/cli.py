@@ -142,8 +142,8 @@ def _serve(args) -> int:
 
 
 def _act(args) -> int:
+    from envace import flush_denormals
     from envace.act import act
-    from envace.model import flush_denormals
 
     flush_denormals()
     return act(args)

@@ -31,7 +31,7 @@ def main(name: str, run: Callable, variants: tuple[str, ...] = ()) -> None:
         parser.add_argument("--variant", choices=variants, default=variants[-1])
     args = parser.parse_args()
     if name in MODEL_STAGES:  # before torch starts its threads (the data stages never import it)
-        from envace.model import flush_denormals
+        from envace import flush_denormals
 
         flush_denormals()
     start = time.perf_counter()
