@@ -24,7 +24,7 @@ import time
 
 def child(args) -> None:
     if args.child:
-        from envace.model import flush_denormals
+        from envace import flush_denormals
 
         flush_denormals()
     import torch
