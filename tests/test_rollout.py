@@ -100,6 +100,33 @@ def test_lean_decoder_logits_equal_the_models_forward(tiny_model, which):
     assert decoder.keys.isfinite().all() and decoder.values.isfinite().all()
 
 
+@pytest.mark.parametrize("which", ["embedded", "gqa"])
+def test_lean_rms_norm_is_the_models_bit_for_bit(tiny_model, which):
+    # bit for bit, not within a tolerance: the lean decoder must not change what a
+    # seeded pipeline samples, so its norm is the model's arithmetic exactly
+    import copy
+
+    from envace.rollout.lean import LeanDecoder
+
+    model = copy.deepcopy(tiny_model) if which == "embedded" else _gqa_model()  # its norms' weights get drawn
+    decoder = LeanDecoder(model, 1, 4)
+    x = torch.randn(5, 7, model.config.hidden_size, generator=torch.Generator().manual_seed(1)) * 3
+    for norm in (model.model.layers[0].input_layernorm, model.model.layers[1].post_attention_layernorm, model.model.norm):
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(norm.weight.shape, generator=torch.Generator().manual_seed(2)))
+            assert torch.equal(decoder._rms(x, norm.weight), norm(x))
+            assert torch.equal(decoder._rms(x[:, -1], norm.weight), norm(x[:, -1]))
+
+
+def test_greedy_picks_the_first_of_tied_maxima_as_argmax_does():
+    from envace.rollout.generate import sample_next
+
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [float("nan"), 1.0, float("nan"), 5.0]])
+    assert sample_next(logits, 0.0, 1.0).tolist() == logits.argmax(-1).tolist() == [1, 0, 0]
+    ties = torch.randint(0, 4, (130, 3293), generator=torch.Generator().manual_seed(0)).float()
+    assert torch.equal(sample_next(ties, 0.0, 1.0), ties.argmax(-1))
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_lean_generation_gives_the_same_tokens_as_the_models_forward(tiny_model, temperature):
     from envace.rollout.generate import mix64

@@ -110,7 +110,8 @@ class LeanDecoder:
 
     # -- the model's arithmetic ------------------------------------------------------------------
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        """LlamaRMSNorm's arithmetic, bit for bit (tested), in one operator where it took five."""
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [...] → cos, sin [..., D] (one angle set for every head)."""
