@@ -10,6 +10,7 @@ one new token only (the prefill), which gives the prefill's share of HF's time, 
 ratio and the decode steps' ratio alone. Writes the lean/HF ratio per batch size (at the first prompt length) to
 `metrics/bench_rollout.json`. `--share 8`: prompts in groups of 8 that begin alike, as a GRPO
 group's do (the lean prefill computes a shared beginning once; printed, not written).
+`--threads 1`: one torch thread (e.g. pinned by `taskset` beside another job); the target is for 2.
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ def main() -> None:
     parser.add_argument("--share", type=int, default=1,
                         help="rows per group of prompts that begin alike (8: like GRPO's groups; 1: none, the target's bench)")
     parser.add_argument("--out", default="metrics/bench_rollout.json", help="where the ratios go ('' = nowhere)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (2: the target's machine)")
     args = parser.parse_args()
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     if args.model:
         from envace.model import load
 
