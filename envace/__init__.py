@@ -4,7 +4,22 @@ The library is importable without the orchestration stack (Prefect, MLflow, DVC)
 `flows/` and `envace.tracking` are the only places that import those.
 """
 
+import os
+
 __version__ = "0.1.0"
+
+
+def _cores_allowed() -> int:
+    """How many cores this process may run on: its CPU affinity (`taskset`, a container's
+    cpuset) where the OS reports one, otherwise (macOS) the machine's count."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
+
+
+# Read at import, before torch loads: an OpenMP runtime told to bind its threads
+# (`OMP_PROC_BIND`, `GOMP_CPU_AFFINITY`) pins the main thread to the first core as torch
+# loads, and an affinity read after that names that core alone.
+CORES_ALLOWED = _cores_allowed()
 
 
 def flush_denormals() -> None:

