@@ -362,7 +362,6 @@ def test_an_epoch_redrawn_gives_the_same_examples(prepared_dir, tokenizer):
 
 
 def _run_python(code: str, **env) -> list[str]:
-    import os
     import subprocess
     import sys
 
@@ -394,7 +393,7 @@ def test_cpu_threads_are_not_narrowed_by_openmp_binding_its_threads():
 
 def test_cpu_threads_where_the_os_reports_no_affinity_are_the_machines_cores():
     """macOS has no sched_getaffinity: a stage takes a thread for each of the machine's cores."""
-    without = "import os; del os.sched_getaffinity; from envace.model import cpu_threads; print(cpu_threads(), os.cpu_count())"
+    without = "import os; os.__dict__.pop('sched_getaffinity', None); from envace.model import cpu_threads; print(cpu_threads(), os.cpu_count())"
     threads, cores = _run_python(without)
     assert threads == cores
 
