@@ -1,16 +1,19 @@
-"""A warmup step four ways, side by side: as warmup runs it (eager, fp32, with the attention
-mask), with the decoder compiled (`torch.compile`, inductor, `dynamic=True`), without the
-attention mask (right-padded rows are exact under plain causal attention: a real token never
-sees a pad after it), and under bf16 autocast (what `trainer.precision: bf16-mixed` does; on a
-CPU with AVX-512 BF16 a bf16 matmul runs at about twice fp32's rate).
+"""A warmup step four ways, side by side: as warmup runs it (eager, fp32: for the embedded
+Llama the lean training forward, `envace.rollout.lean.target_states`, whose last layer works
+only where a target is predicted from), through the model's own forward (transformers' decoder
+with the attention mask, every position through every layer: what warmup ran before), that
+forward compiled (`torch.compile`, inductor, `dynamic=True`), and under bf16 autocast (what
+`trainer.precision: bf16-mixed` does, which takes the model's own forward; on a CPU with
+AVX-512 BF16 a bf16 matmul runs at about twice fp32's rate).
 
 Run after `dvc repro base_model`: `.venv/bin/python bench/warmup_step.py [--steps 60] [--rounds 3]`.
 The same `--steps` length-bucketed batches of warmup's own dataset and loss, forward + backward
-+ AdamW, each way in turn per round (eager, compiled, unmasked, bf16, eager, ...), four copies
-of the model starting from the same weights. Prints each way's median seconds over the rounds,
-its ratio to eager, the compile time (inductor's disk cache makes a second process's much
-shorter), the batches' padding share and how far the first step's loss (the same weights) is from eager's;
-later steps part further, as training amplifies rounding.
++ AdamW, each way in turn per round (eager, own, compiled, bf16, eager, ...), four copies
+of the model starting from the same weights, denormal floats flushed as in the stages. Prints
+each way's median seconds over the rounds, its ratio to eager, the compile time (inductor's
+disk cache makes a second process's much shorter), the batches' padding share and how far the
+first step's loss (the same weights) is from eager's; later steps part further, as training
+amplifies rounding.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=2000, help="training episodes the batches come from")
     args = parser.parse_args()
 
+    from envace import flush_denormals
+
+    flush_denormals()  # first, before torch starts its threads (as the stages do)
     import torch
 
     from envace.model import cpu_threads
@@ -43,10 +49,11 @@ def main() -> None:
     padded = sum(b["input_ids"].numel() for b in batches)
     print(f"{len(batches)} batches of {params.warmup.batch_size}: padding {1 - sum(lengths[i] for b in chosen for i in b) / padded:.1%}")
 
-    class Compiled(torch.nn.Module):  # the model, its decoder compiled: what `role_targets` calls
-        def __init__(self, model):
+    class Own(torch.nn.Module):  # no LlamaForCausalLM: `role_targets` takes the model's own forward
+        def __init__(self, model, compiled: bool = False):
             super().__init__()
-            self.model, self.decoder = model, torch.compile(model.get_decoder(), dynamic=True)
+            decoder = model.get_decoder()
+            self.model, self.decoder = model, torch.compile(decoder, dynamic=True) if compiled else decoder
 
         def get_decoder(self):
             return self.decoder
@@ -54,16 +61,14 @@ def main() -> None:
         def get_output_embeddings(self):
             return self.model.get_output_embeddings()
 
-    ways = {name: copy.deepcopy(model) for name in ("eager", "compiled", "unmasked", "bf16")}
+    ways = {name: copy.deepcopy(model) for name in ("eager", "own", "compiled", "bf16")}
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=params.warmup.lr) for name, m in ways.items()}
-    callers = {**ways, "compiled": Compiled(ways["compiled"])}
+    callers = {**ways, "own": Own(ways["own"]), "compiled": Own(ways["compiled"], compiled=True)}
     losses: dict[str, list[float]] = {}
 
     def one_pass(name: str) -> float:
         start, out = time.perf_counter(), []
         for batch in batches:
-            if name == "unmasked":
-                batch = dict(batch, attention_mask=None)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name == "bf16"):
                 loss = warmup_loss(callers[name], batch, params.warmup.lambda_env)["loss"]
             optimizers[name].zero_grad()
@@ -76,7 +81,7 @@ def main() -> None:
     start = time.perf_counter()
     one_pass("compiled")  # compiles (the first round's numbers come from the next passes)
     print(f"compile (and one pass): {time.perf_counter() - start:.1f} s")
-    for name in ("eager", "unmasked", "bf16"):  # the others' first pass, so every copy has taken the same steps
+    for name in ("eager", "own", "bf16"):  # the others' first pass, so every copy has taken the same steps
         one_pass(name)
     times = {name: [] for name in ways}
     for _ in range(args.rounds):

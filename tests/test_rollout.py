@@ -100,6 +100,56 @@ def test_lean_decoder_logits_equal_the_models_forward(tiny_model, which):
     assert decoder.keys.isfinite().all() and decoder.values.isfinite().all()
 
 
+def _right_padded_batch(vocab: int):
+    """Three right-padded rows: targets of both roles, one row without any, pads at the end."""
+    torch.manual_seed(3)
+    ids = torch.randint(4, vocab, (3, 11))
+    mask = torch.ones_like(ids)
+    mask[1, 7:], mask[2, 4:] = 0, 0
+    roles = torch.zeros_like(ids)
+    roles[0, 3:6], roles[0, 8:11], roles[1, 5:7] = 1, 2, 2
+    return ids * mask, mask, roles
+
+
+@pytest.mark.parametrize("which", ["embedded", "gqa"])
+def test_lean_training_forward_gives_the_models_logits_and_gradients(tiny_model, which, monkeypatch):
+    # warmup and GRPO read logits only where a target is predicted from; the lean forward skips
+    # the last layer's work elsewhere, and must train exactly what the model's own forward does
+    import copy
+
+    from envace.rollout import lean
+    from envace.train.losses import role_targets
+
+    model = copy.deepcopy(tiny_model) if which == "embedded" else _gqa_model()
+    model.train()
+    ids, mask, roles = _right_padded_batch(model.config.vocab_size)
+    calls, target_states = [], lean.target_states
+    monkeypatch.setattr(lean, "target_states", lambda *a: calls.append(1) or target_states(*a))
+    got, targets, who, row = role_targets(model, ids, mask, roles)
+    assert calls, "a right-padded batch of a plain Llama takes the lean forward"
+    selected = roles[:, 1:] > 0
+    want = model(input_ids=ids, attention_mask=mask).logits[:, :-1][selected]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(targets, ids[:, 1:][selected]) and row.tolist() == [0] * 6 + [1] * 2
+    assert who.tolist() == [1, 1, 1, 2, 2, 2, 2, 2]
+    grads = []
+    for logits in (got, want):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(logits, targets).backward(retain_graph=True)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for lean_grad, own_grad in zip(*grads):
+        torch.testing.assert_close(lean_grad, own_grad, atol=1e-5, rtol=1e-4)
+    # no target at all (a data-parallel rank left without one): empty logits, a backward all the same
+    none, _, _, _ = role_targets(model, ids, mask, torch.zeros_like(roles))
+    assert none.shape == (0, model.config.vocab_size)
+    none.sum().backward()
+    # rows not right-padded take the model's own forward, which reads the mask
+    calls.clear()
+    left = torch.flip(mask, [1])
+    role_targets(model, ids, left, torch.flip(roles, [1]))
+    assert not calls
+
+
 @pytest.mark.parametrize("which", ["embedded", "gqa"])
 def test_lean_rms_norm_is_the_models_bit_for_bit(tiny_model, which):
     # bit for bit, not within a tolerance: the lean decoder must not change what a

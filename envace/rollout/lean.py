@@ -18,6 +18,11 @@ prompt tokens, 52% of private rehearsal's, 71% of a GRPO step's). Results equal 
 forward up to float rounding (`tests/test_rollout.py` checks logits, the cache and the tokens
 generated).
 
+Training reads the same arithmetic through `target_states`: the model's forward for
+right-padded rows, less what no loss reads — in the last layer, queries, attention, output
+projection and MLP run only where a target is predicted from (about a quarter of warmup's
+positions), keys and values everywhere.
+
 Shapes: B rows, P prompt columns, H query heads, G key/value heads, D head size, E hidden
 size, V vocabulary.
 """
@@ -90,6 +95,48 @@ def _common(a: list[int], b: list[int]) -> int:
     return n
 
 
+def target_states(model, input_ids: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+    """Right-padded rows input_ids [B, T] and selected [B, T] (the positions a target is
+    predicted from) → the final hidden states at the selected positions, row by row [N, E];
+    differentiable, for training. The model's forward up to float rounding (tested), less the
+    last layer's work at the positions nothing reads: there a position only gives its key and
+    value to the ones after it. No mask: under causal attention a real token never sees a pad
+    after it."""
+    inner, cfg = model.model, model.config
+    H, G = cfg.num_attention_heads, cfg.num_key_value_heads
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    B, T = input_ids.shape
+    x = inner.embed_tokens(input_ids)  # [B, T, E]
+    cos, sin = (c[:, None] for c in inner.rotary_emb(x, torch.arange(T, device=x.device)[None]))  # [1, 1, T, D]
+    last = len(inner.layers) - 1
+    for i, layer in enumerate(inner.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        h = F.rms_norm(x, (x.shape[-1],), layer.input_layernorm.weight, cfg.rms_norm_eps)
+        k = _rotate(F.linear(h, attn.k_proj.weight).view(B, T, G, D).transpose(1, 2), cos, sin)  # [B, G, T, D]
+        v = F.linear(h, attn.v_proj.weight).view(B, T, G, D).transpose(1, 2)
+        allowed, causal = None, True
+        if i == last:  # from here on only the selected positions: Q of them a row, padded
+            Q = int(selected.sum(-1).max()) if B else 0
+            at = torch.where(selected, torch.arange(T, device=x.device), T).sort(-1).values[:, :Q]  # [B, Q]
+            real, at = at < T, at.clamp(max=T - 1)  # a pad query reads the last column, then is dropped
+            x, h = (t.gather(1, at[..., None].expand(-1, -1, t.shape[-1])) for t in (x, h))  # [B, Q, E]
+            cos, sin = cos[0, 0][at][:, None], sin[0, 0][at][:, None]  # [B, 1, Q, D]
+            allowed, causal = (torch.arange(T, device=x.device) <= at[..., None])[:, None], False  # [B, 1, Q, T]
+        n = x.shape[1]
+        q = _rotate(F.linear(h, attn.q_proj.weight).view(B, n, H, D).transpose(1, 2), cos, sin)  # [B, H, n, D]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=causal, enable_gqa=G != H)
+        x = x + F.linear(out.transpose(1, 2).reshape(B, n, H * D), attn.o_proj.weight)
+        h = F.rms_norm(x, (x.shape[-1],), layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
+        x = x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
+    return F.rms_norm(x[real], (x.shape[-1],), inner.norm.weight, cfg.rms_norm_eps)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embeddings, Llama's pairing (each half of a head with the other)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
 class LeanDecoder:
     """Prefill once, then one token per row per `step`; `keep` drops finished rows."""
 
@@ -118,11 +165,6 @@ class LeanDecoder:
         freqs = positions[..., None].float() * self.inv_freq  # [..., D/2]
         angles = torch.cat((freqs, freqs), -1)
         return angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
     def _attend(self, q: torch.Tensor, layer: int, bias: torch.Tensor) -> torch.Tensor:
         """One new query per row against the cache's first `end` columns: q [B, H, D],
@@ -203,7 +245,7 @@ class LeanDecoder:
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             h = self._rms(x, layer.input_layernorm.weight)
-            k = self._rotate(F.linear(h, attn.k_proj.weight).view(B, fresh, self.G, self.D).transpose(1, 2), cos, sin)
+            k = _rotate(F.linear(h, attn.k_proj.weight).view(B, fresh, self.G, self.D).transpose(1, 2), cos, sin)
             v = F.linear(h, attn.v_proj.weight).view(B, fresh, self.G, self.D).transpose(1, 2)  # [B, G, F, D]
             self.keys[i, rows, :, :, written] = k.transpose(-1, -2)
             self.values[i, rows, :, written] = v
@@ -214,7 +256,7 @@ class LeanDecoder:
                 x, h, allowed = x[:, -1:], h[:, -1:], allowed[:, :, -1:]
                 cos, sin = cos[:, :, -1:], sin[:, :, -1:]
             Q = x.shape[1]
-            q = self._rotate(F.linear(h, attn.q_proj.weight).view(B, Q, self.H, self.D).transpose(1, 2), cos, sin)
+            q = _rotate(F.linear(h, attn.q_proj.weight).view(B, Q, self.H, self.D).transpose(1, 2), cos, sin)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=self.G != self.H)  # [B, H, Q, D]
             x = x + F.linear(out.transpose(1, 2).reshape(B, Q, self.H * self.D), attn.o_proj.weight)
             h = self._rms(x, layer.post_attention_layernorm.weight)
@@ -232,8 +274,8 @@ class LeanDecoder:
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             h = self._rms(x, layer.input_layernorm.weight)
-            q = self._rotate(F.linear(h, attn.q_proj.weight).view(B, self.H, self.D), cos, sin)
-            self.keys[i, :B, :, :, column] = self._rotate(F.linear(h, attn.k_proj.weight).view(B, self.G, self.D), cos, sin)
+            q = _rotate(F.linear(h, attn.q_proj.weight).view(B, self.H, self.D), cos, sin)
+            self.keys[i, :B, :, :, column] = _rotate(F.linear(h, attn.k_proj.weight).view(B, self.G, self.D), cos, sin)
             self.values[i, :B, :, column] = F.linear(h, attn.v_proj.weight).view(B, self.G, self.D)
             x = x + F.linear(self._attend(q, i, bias), attn.o_proj.weight)
             h = self._rms(x, layer.post_attention_layernorm.weight)

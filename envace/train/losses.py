@@ -2,7 +2,8 @@
 
 `role_nll` computes next-token NLL only at positions whose next token a role generated
 (logits for the other positions are never materialised: the LM head is a large share of
-a small model's compute). Prompt, tool and padding tokens carry role 0 and are never
+a small model's compute; for a plain Llama on the CPU, neither is the last layer's work at the
+other positions, `lean.target_states`). Prompt, tool and padding tokens carry role 0 and are never
 trained.
 """
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from envace.roles import ROLE_IDS
+from envace.rollout import lean
 
 ACT_ID, REHEARSE_ID = ROLE_IDS["act"], ROLE_IDS["rehearse"]
 
@@ -29,10 +31,21 @@ def role_targets(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, r
         keep = selected.any(0).nonzero().squeeze(-1)  # [K] positions some row predicts from
         logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits  # [B, K, V]
         logits = logits[selected[:, keep]].float()  # [N, V]
+    elif lean.supports(model) and right_padded(attention_mask) and not (model.training and model.config.attention_dropout):
+        logits = model.get_output_embeddings()(lean.target_states(model, input_ids[:, :-1], selected)).float()  # [N, V]
     else:
         hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
         logits = model.get_output_embeddings()(hidden[:, :-1][selected]).float()  # [N, V]
     return logits, input_ids[:, 1:][selected], target_roles[selected], row
+
+
+def right_padded(attention_mask: torch.Tensor | None) -> bool:
+    """Every row's tokens first, its pads after them (as `collate` makes batches); no mask: no pads.
+
+    >>> right_padded(torch.tensor([[1, 1, 0], [1, 1, 1]])), right_padded(torch.tensor([[0, 1, 1]]))
+    (True, False)
+    """
+    return attention_mask is None or bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
 
 
 def _sharded(model) -> bool:
