@@ -24,6 +24,23 @@ import statistics
 import time
 
 
+class OwnForward:
+    """`model` seen by `role_targets` as no plain Llama, so that it takes the model's own forward
+    (transformers' decoder, the attention mask, every position through every layer)."""
+
+    def __init__(self, model, compiled: bool = False):
+        import torch
+
+        self.model, self.training = model, model.training
+        self.decoder = torch.compile(model.get_decoder(), dynamic=True) if compiled else model.get_decoder()
+
+    def get_decoder(self):
+        return self.decoder
+
+    def get_output_embeddings(self):
+        return self.model.get_output_embeddings()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
@@ -49,21 +66,9 @@ def main() -> None:
     padded = sum(b["input_ids"].numel() for b in batches)
     print(f"{len(batches)} batches of {params.warmup.batch_size}: padding {1 - sum(lengths[i] for b in chosen for i in b) / padded:.1%}")
 
-    class Own(torch.nn.Module):  # no LlamaForCausalLM: `role_targets` takes the model's own forward
-        def __init__(self, model, compiled: bool = False):
-            super().__init__()
-            decoder = model.get_decoder()
-            self.model, self.decoder = model, torch.compile(decoder, dynamic=True) if compiled else decoder
-
-        def get_decoder(self):
-            return self.decoder
-
-        def get_output_embeddings(self):
-            return self.model.get_output_embeddings()
-
     ways = {name: copy.deepcopy(model) for name in ("eager", "own", "compiled", "bf16")}
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=params.warmup.lr) for name, m in ways.items()}
-    callers = {**ways, "own": Own(ways["own"]), "compiled": Own(ways["compiled"], compiled=True)}
+    callers = {**ways, "own": OwnForward(ways["own"]), "compiled": OwnForward(ways["compiled"], compiled=True)}
     losses: dict[str, list[float]] = {}
 
     def one_pass(name: str) -> float:
