@@ -4,9 +4,10 @@ runner's own work — prompts, parsing, the responder, the judge) and the update
 Run after warmup: `.venv/bin/python bench/profile_grpo.py [--variant envace] [--model models/warmup]`.
 Plays step 0's episodes (`train.tasks_per_step` × `train.group_size`, the memory groups of
 `envace` included) twice, with the model's own forward and with the lean decoder
-(`generate(lean=True)`), times the update's forward + backward over the packed rows, and
-prints each phase's seconds and share of the step, and whether the two decoders' episodes
-agree (they differ only by float rounding, which can flip a near-tie in sampling).
+(`generate(lean=True)`), times the update's forward + backward over the packed rows (denormal
+floats flushed, as in the stages), and prints each phase's seconds and share of the step, and
+whether the two decoders' episodes agree (they differ only by float rounding, which can flip a
+near-tie in sampling).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def play(module, tasks, streams, lean: bool) -> tuple[list, dict]:
 
 
 def main() -> None:
+    from envace import flush_denormals
     from envace.train.grpo import generation_rows
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -65,6 +67,7 @@ def main() -> None:
     parser.add_argument("--model", default="models/warmup")
     args = parser.parse_args()
 
+    flush_denormals()  # as the stages compute; before torch's first parallel operator starts its threads
     torch.set_num_threads(2)
     module = grpo_module(args.variant, args.model)
     model = module.policy.model
