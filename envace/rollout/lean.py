@@ -111,12 +111,12 @@ def target_states(model, input_ids: torch.Tensor, selected: torch.Tensor) -> tor
     last = len(inner.layers) - 1
     for i, layer in enumerate(inner.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        h = F.rms_norm(x, (x.shape[-1],), layer.input_layernorm.weight, cfg.rms_norm_eps)
+        h = _rms(x, layer.input_layernorm.weight, cfg.rms_norm_eps)
         k = _rotate(F.linear(h, attn.k_proj.weight).view(B, T, G, D).transpose(1, 2), cos, sin)  # [B, G, T, D]
         v = F.linear(h, attn.v_proj.weight).view(B, T, G, D).transpose(1, 2)
         allowed, causal = None, True
         if i == last:  # from here on only the selected positions: Q of them a row, padded
-            Q = int(selected.sum(-1).max()) if B else 0
+            Q = int(selected.sum(-1).max())
             at = torch.where(selected, torch.arange(T, device=x.device), T).sort(-1).values[:, :Q]  # [B, Q]
             real, at = at < T, at.clamp(max=T - 1)  # a pad query reads the last column, then is dropped
             x, h = (t.gather(1, at[..., None].expand(-1, -1, t.shape[-1])) for t in (x, h))  # [B, Q, E]
@@ -126,9 +126,19 @@ def target_states(model, input_ids: torch.Tensor, selected: torch.Tensor) -> tor
         q = _rotate(F.linear(h, attn.q_proj.weight).view(B, n, H, D).transpose(1, 2), cos, sin)  # [B, H, n, D]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=causal, enable_gqa=G != H)
         x = x + F.linear(out.transpose(1, 2).reshape(B, n, H * D), attn.o_proj.weight)
-        h = F.rms_norm(x, (x.shape[-1],), layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
-        x = x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
-    return F.rms_norm(x[real], (x.shape[-1],), inner.norm.weight, cfg.rms_norm_eps)
+        h = _rms(x, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
+        x = x + _swiglu(h, mlp)
+    return _rms(x[real], inner.norm.weight, cfg.rms_norm_eps)
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm's arithmetic, bit for bit (tested), in one operator where it took five."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _swiglu(h: torch.Tensor, mlp) -> torch.Tensor:
+    """The MLP from the module's own weights: down(silu(gate(h)) * up(h))."""
+    return F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -157,8 +167,7 @@ class LeanDecoder:
 
     # -- the model's arithmetic ------------------------------------------------------------------
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """LlamaRMSNorm's arithmetic, bit for bit (tested), in one operator where it took five."""
-        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+        return _rms(x, weight, self.eps)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [...] → cos, sin [..., D] (one angle set for every head)."""
@@ -260,7 +269,7 @@ class LeanDecoder:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=self.G != self.H)  # [B, H, Q, D]
             x = x + F.linear(out.transpose(1, 2).reshape(B, Q, self.H * self.D), attn.o_proj.weight)
             h = self._rms(x, layer.post_attention_layernorm.weight)
-            x = x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
+            x = x + _swiglu(h, mlp)
         return F.linear(self._rms(x[:, -1], self.norm.weight), self.head)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -279,7 +288,7 @@ class LeanDecoder:
             self.values[i, :B, :, column] = F.linear(h, attn.v_proj.weight).view(B, self.G, self.D)
             x = x + F.linear(self._attend(q, i, bias), attn.o_proj.weight)
             h = self._rms(x, layer.post_attention_layernorm.weight)
-            x = x + F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
+            x = x + _swiglu(h, mlp)
         self.filled = column + 1
         return F.linear(self._rms(x, self.norm.weight), self.head)
 
