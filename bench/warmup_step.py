@@ -70,7 +70,7 @@ def main() -> None:
     from envace.rollout import lean
 
     torch._dynamo.config.capture_scalar_outputs = True  # the last layer's query count, a traced size
-    lean_forwards = {"eager": lean.target_states, "lean_compiled": torch.compile(lean.target_states, dynamic=True)}
+    eager_lean, compiled_lean = lean.target_states, torch.compile(lean.target_states, dynamic=True)
     ways = {name: copy.deepcopy(model) for name in ("eager", "lean_compiled", "own", "compiled", "bf16")}
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=params.warmup.lr) for name, m in ways.items()}
     callers = {**ways, "own": OwnForward(ways["own"]), "compiled": OwnForward(ways["compiled"], compiled=True)}
@@ -78,7 +78,7 @@ def main() -> None:
 
     def one_pass(name: str) -> float:
         start, out = time.perf_counter(), []
-        lean.target_states = lean_forwards.get(name, lean.target_states)  # what `role_targets` calls
+        lean.target_states = compiled_lean if name == "lean_compiled" else eager_lean  # what `role_targets` calls
         for batch in batches:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name == "bf16"):
                 loss = warmup_loss(callers[name], batch, params.warmup.lambda_env)["loss"]
