@@ -432,3 +432,81 @@ def test_a_model_stage_flushes_denormals_on_every_torch_thread(stage, expected, 
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"torch imported before run: {expected}" in out.stdout
+
+
+def _steps(model, optimizer, schedule, n: int) -> list[float]:
+    from envace.train.losses import warmup_loss
+
+    losses = []
+    for _ in range(n):
+        loss = warmup_loss(model, _batch(), 1.0)["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_muon_takes_the_decoder_matrices_adamw_the_rest_and_a_resumed_optimizer_goes_on_exactly(model):
+    """`warmup.optimizer: muon`: Muon updates each decoder layer's projections, AdamW the tied
+    embeddings and the norms; the schedule sets both learning rates; and an optimizer loaded
+    from a state dict (a resumed warmup) takes the steps the uninterrupted one takes."""
+    import copy
+
+    from envace.train.warmup import WarmupModule
+
+    def made(m):
+        module = WarmupModule(m, 1e-2, 0.0, 2, 10, 1.0, optimizer="muon")
+        found = module.configure_optimizers()
+        return found["optimizer"], found["lr_scheduler"]["scheduler"]
+
+    start = copy.deepcopy(model)
+    whole = copy.deepcopy(start)
+    optimizer, schedule = made(whole)
+    owned = lambda group: {n for n, p in whole.named_parameters() if any(p is q for q in group["params"])}  # noqa: E731
+    muon, adamw = optimizer.param_groups
+    assert muon["muon"] and not adamw["muon"]
+    assert owned(muon) == {f"model.layers.{i}.{k}.weight" for i in range(2) for k in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+        "mlp.down_proj")}
+    assert owned(adamw) == {"model.embed_tokens.weight", "model.norm.weight"} | {
+        f"model.layers.{i}.{k}.weight" for i in range(2) for k in ("input_layernorm", "post_attention_layernorm")}
+    assert whole.lm_head.weight is whole.model.embed_tokens.weight  # tied: AdamW's, once
+    uninterrupted = _steps(whole, optimizer, schedule, 5)
+    assert muon["lr"] == adamw["lr"] == schedule.get_last_lr()[0] < 1e-2
+
+    first = copy.deepcopy(start)
+    optimizer, schedule = made(first)
+    resumed = _steps(first, optimizer, schedule, 3)
+    saved = copy.deepcopy((first.state_dict(), optimizer.state_dict(), schedule.state_dict()))
+    second = copy.deepcopy(start)
+    optimizer, schedule = made(second)
+    second.load_state_dict(saved[0])
+    optimizer.load_state_dict(saved[1])
+    schedule.load_state_dict(saved[2])
+    resumed += _steps(second, optimizer, schedule, 2)
+    assert resumed == uninterrupted and len(set(uninterrupted)) == 5  # it trains, and resumes bit for bit
+    assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), second.parameters()))
+
+
+def test_only_llama_style_layer_matrices_go_to_muon():
+    from envace.train.warmup import is_layer_matrix
+
+    matrix = torch.zeros(4, 4)
+    assert is_layer_matrix("model.layers.0.self_attn.q_proj.weight", matrix)
+    assert is_layer_matrix("base_model.model.model.layers.1.mlp.up_proj.lora_A.default.weight", matrix)
+    assert not is_layer_matrix("model.embed_tokens.weight", matrix)
+    assert not is_layer_matrix("model.layers.0.input_layernorm.weight", torch.zeros(4))
+    assert not is_layer_matrix("transformer.h.0.attn.c_attn.weight", matrix)  # GPT-2's naming: the stage refuses muon
+
+
+def test_newton_schulz_makes_a_matrix_near_orthogonal_in_its_own_shape():
+    from envace.train.warmup import MuonAdamW, orthogonalised
+
+    torch.manual_seed(0)
+    for shape in ((8, 24), (24, 8)):
+        g = torch.randn(shape) * torch.logspace(-2, 0, shape[1])  # columns two decades apart in scale
+        o = orthogonalised(g, *MuonAdamW.NEWTON_SCHULZ)
+        values = torch.linalg.svdvals(o)
+        assert o.shape == g.shape and values.min() > 0.5 and values.max() < 1.3, values

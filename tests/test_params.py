@@ -116,3 +116,19 @@ def test_a_bad_profile_is_refused_and_params_yaml_is_left_as_it_was(tmp_path):
     with pytest.raises(ParamsError, match=r"no such profile \(known: typo\)"):
         apply_profile(params, tmp_path / "profiles/nope.yaml")
     assert params.read_text() == (ROOT / "params.yaml").read_text()
+
+
+def test_warmup_optimizer_auto_is_muon_for_the_embedded_default_trained_from_scratch_only():
+    assert parse_params({}).warmup_optimizer() == "muon"
+    assert parse_params({"model": {"source": "smollm2"}}).warmup_optimizer() == "adamw"  # pretrained with AdamW
+    assert parse_params({"trainer": {"strategy": "fsdp"}}).warmup_optimizer() == "adamw"  # shards the matrices
+    assert parse_params({"warmup": {"optimizer": "adamw"}}).warmup_optimizer() == "adamw"
+    assert parse_params({"model": {"source": "smollm2"}, "warmup": {"optimizer": "muon"}}).warmup_optimizer() == "muon"
+
+
+def test_muon_under_fsdp_and_an_unknown_optimizer_are_refused_naming_the_key():
+    with pytest.raises(ParamsError, match="warmup.optimizer muon orthogonalises each weight matrix whole, which "
+                                          "trainer.strategy fsdp shards"):
+        parse_params({"trainer": {"strategy": "fsdp"}, "warmup": {"optimizer": "muon"}})
+    with pytest.raises(ParamsError, match="warmup.optimizer: Input should be 'auto', 'muon' or 'adamw'"):
+        parse_params({"warmup": {"optimizer": "sgd"}})

@@ -60,7 +60,7 @@ def run(params: Params) -> dict[str, Path]:
     from envace.train import trainer_options
     from envace.train.checkpoint import fingerprint, last_checkpoint, resumable
     from envace.train.data import SFTDataset, collate, length_batches
-    from envace.train.warmup import StepCurve, WarmupModule
+    from envace.train.warmup import StepCurve, WarmupModule, is_layer_matrix
 
     cfg, gate = params.warmup, params.gate
     if not (BASE_MODEL / "config.json").exists():
@@ -72,6 +72,11 @@ def run(params: Params) -> dict[str, Path]:
     precision = precision_of(params.trainer)
     model, tokenizer = load(BASE_MODEL, dtype=weights_dtype(precision))
     model = with_lora(model, params.model.lora)
+    optimizer = params.warmup_optimizer()
+    matrices = sum(is_layer_matrix(n, p) for n, p in model.named_parameters() if p.requires_grad)
+    if optimizer == "muon" and not matrices:
+        raise StageFailed(f"warmup.optimizer muon: {BASE_MODEL} has no decoder-layer weight matrices (parameters named "
+                          "*.layers.*) to train with it (set warmup.optimizer: adamw)")
     policy = Policy(model, tokenizer, max_len(params.model, model), autocast_dtype(precision))
     train = spread(list(read_jsonl(PREPARED / "train.jsonl")), cfg.train_episodes)
     val = list(read_jsonl(PREPARED / "val.jsonl"))
@@ -100,7 +105,8 @@ def run(params: Params) -> dict[str, Path]:
 
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=GlobalBatches(), collate_fn=collate_share)
     module = WarmupModule(model, cfg.lr, cfg.weight_decay, cfg.warmup_steps, len(loader) * cfg.max_epochs, cfg.lambda_env,
-                          cfg.min_lr_ratio, policy, cfg.copy_weight, copy_vocab(tokenizer) if cfg.copy_weight else (), cfg.seed)
+                          cfg.min_lr_ratio, policy, cfg.copy_weight, copy_vocab(tokenizer) if cfg.copy_weight else (), cfg.seed,
+                          optimizer)
     epochs: list[dict] = []
     epoch_seconds: list[float] = []  # wall clock at each epoch's end (timings, not tracked metrics)
     clock = {"start": time.perf_counter()}  # moved back by the time a resumed run had already spent
@@ -212,13 +218,13 @@ def run(params: Params) -> dict[str, Path]:
     write_json(METRICS, {
         "epochs": len(epochs), "real_success": real["success"], "real": real,
         "per_epoch": epochs, "stopped_by": "gate" if len(epochs) < cfg.max_epochs else "max_epochs",
-        "ranks": trainer.world_size, "train_episodes": len(train), "before": before, "after": after,
+        "ranks": trainer.world_size, "optimizer": optimizer, "train_episodes": len(train), "before": before, "after": after,
     })
     write_timings("warmup", {"wall_s": round(wall, 1), "epoch_seconds": epoch_seconds})
     real_text = (f"ACT greedy real success {before.get('real_success') or 0:.3f} -> {real['success']:.3f} on {real['n']} "
                  f"held-out tasks; ACT outputs parsed {before.get('act_parse_rate') or 0:.2f} -> {after['act_parse_rate']:.2f}"
                  if real["success"] is not None else f"ACT's real success not measured: {no_real}")
-    print(f"warmup: {len(epochs)} epoch(s) in {wall:.0f}s; {real_text}, rehearsals parsed "
+    print(f"warmup: {len(epochs)} epoch(s) with {optimizer} in {wall:.0f}s; {real_text}, rehearsals parsed "
           f"{before.get('rehearsal_parse_rate', 0):.2f} -> {after['rehearsal_parse_rate']:.2f}", flush=True)
     return {"model": MODEL_DIR, "metrics": METRICS, "plots": EPOCH_PLOT}
 
