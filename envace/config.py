@@ -181,8 +181,8 @@ class RolloutConfig(Section):
 class WarmupConfig(Section):
     """SFT of both roles on the real trajectories from `collect`."""
 
-    max_epochs: int = Field(4, gt=0)
-    min_epochs: int = Field(4, gt=0)
+    max_epochs: int = Field(6, gt=0)
+    min_epochs: int = Field(6, gt=0)
     """Train at least this many epochs even if the rehearsal gate would already pass."""
     batch_size: int = Field(16, gt=0)
     lr: float = Field(1e-2, gt=0)
@@ -190,7 +190,7 @@ class WarmupConfig(Section):
     optimizer: Literal["auto", "muon", "adamw"] = "auto"
     """`muon`: Muon for the decoder layers' weight matrices and AdamW for the rest (embeddings,
     norms), both at `lr`; `adamw`: AdamW for every weight. `auto`: Muon for the embedded default
-    trained from scratch (it reached the rehearsal gate in a fifth of AdamW's epochs), AdamW for
+    trained from scratch (it reached the rehearsal gate in a third of AdamW's epochs), AdamW for
     a pretrained checkpoint (pretrained with AdamW) and under FSDP, which shards the matrices."""
     warmup_steps: int = Field(100, ge=0)
     min_lr_ratio: float = Field(0.1, gt=0, le=1)
