@@ -30,11 +30,11 @@ def main(name: str, run: Callable, variants: tuple[str, ...] = ()) -> None:
     if variants:
         parser.add_argument("--variant", choices=variants, default=variants[-1])
     args = parser.parse_args()
+    start = time.perf_counter()  # the stage's own time: its imports (torch's first) included
     if name in MODEL_STAGES:  # before torch starts its threads (the data stages never import it)
         from envace import flush_denormals
 
         flush_denormals()
-    start = time.perf_counter()
     try:
         params = load_params(args.params)
         installed: list = []

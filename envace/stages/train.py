@@ -37,6 +37,14 @@ SHARED_START = CHECKPOINTS / "supervised_start"  # one file: the supervised star
 
 def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     """Train one variant by role-wise GRPO on training tasks, starting from the warmup model."""
+    from envace.train import VARIANTS
+
+    if variant not in VARIANTS:
+        raise StageFailed(f"unknown variant {variant!r}: expected one of {', '.join(VARIANTS)}")
+    if not any((WARMUP_MODEL / f).exists() for f in ("config.json", "adapter_config.json")):
+        raise StageFailed(f"{WARMUP_MODEL} holds no model: run the warmup stage first")
+    if variant == "sft":
+        return sft(params)
     import lightning as L
     import torch
 
@@ -47,12 +55,8 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     from envace.tracking import lightning_logger
     from envace.train import trainer_options
     from envace.train.checkpoint import fingerprint, last_checkpoint, resumable
-    from envace.train.grpo import VARIANTS, GRPOModule, leak_words_of
+    from envace.train.grpo import GRPOModule, leak_words_of
 
-    if variant not in VARIANTS:
-        raise StageFailed(f"unknown variant {variant!r}: expected one of {', '.join(VARIANTS)}")
-    if not any((WARMUP_MODEL / f).exists() for f in ("config.json", "adapter_config.json")):
-        raise StageFailed(f"{WARMUP_MODEL} holds no model: run the warmup stage first")
     cfg = params.train
     L.seed_everything(cfg.seed, verbose=False)
     precision = precision_of(params.trainer)
@@ -60,12 +64,6 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     policy = Policy(model, tokenizer, max_len(params.model, model), autocast_dtype(precision))
     out_dir, metrics_path = MODELS / variant, METRICS / f"{variant}.json"
     start = time.perf_counter()
-    if variant == "sft":
-        save(model, tokenizer, out_dir)
-        write_json(metrics_path, {"variant": variant, "steps": 0, "real_env_calls_train": 0, "history": []})
-        write_curve(variant, [])
-        return {"model": out_dir, "metrics": metrics_path}
-
     episodes = list(read_jsonl(PREPARED / "train.jsonl"))
     tasks = [Task.from_dict(e["task"]) for e in episodes]
     why_not = unavailable(tasks) if variant == "real_env" else None
@@ -210,8 +208,20 @@ def writer_alive(temp: Path) -> bool:
     return True
 
 
+def sft(params: Params) -> dict[str, Path]:
+    """`sft` is the warmup model itself, saved under its name: nothing trained (nor Lightning loaded)."""
+    from envace.model import load, precision_of, save, weights_dtype
+
+    model, tokenizer = load(WARMUP_MODEL, dtype=weights_dtype(precision_of(params.trainer)), trainable=True)
+    out_dir, metrics_path = MODELS / "sft", METRICS / "sft.json"
+    save(model, tokenizer, out_dir)
+    write_json(metrics_path, {"variant": "sft", "steps": 0, "real_env_calls_train": 0, "history": []})
+    write_curve("sft", [])
+    return {"model": out_dir, "metrics": metrics_path}
+
+
 if __name__ == "__main__":
     from envace.stages import main
-    from envace.train.grpo import VARIANTS
+    from envace.train import VARIANTS  # not from grpo: that loads Lightning and torch before `main` flushes denormals
 
     main("train", run, variants=VARIANTS)

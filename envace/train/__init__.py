@@ -13,6 +13,8 @@ import copy
 
 from envace.config import TrainerConfig
 
+VARIANTS = ("sft", "real_env", "simulator", "envace")  # `sft` trains nothing: the warmup model itself
+
 
 def trainer_options(cfg: TrainerConfig) -> dict:
     """Lightning Trainer arguments for `cfg`: accelerator, devices, strategy and precision.

@@ -44,12 +44,11 @@ from envace.domains.base import Task
 from envace.roles import ACT, REHEARSE, ROLE_IDS
 from envace.rollout.generate import mix64, unit
 from envace.rollout.runner import SIMULATOR, Episode, EpisodeRunner, ModelResponder, Policy, RealResponder
-from envace.train import is_sharded_strategy, rank_divergence, shard, sync_replica
+from envace.train import VARIANTS, is_sharded_strategy, rank_divergence, shard, sync_replica
 from envace.train.data import collate
 from envace.rehearsal.memory import condense
 from envace.train.losses import ACT_ID, REHEARSE_ID, grpo_role_loss, leak_mass, role_advantages, role_targets, token_weights
 
-VARIANTS = ("sft", "real_env", "simulator", "envace")
 
 
 def responder_for(variant: str, policy: Policy, rollout: RolloutConfig, roles: RolesConfig, cfg: TrainConfig,
