@@ -50,7 +50,6 @@ from envace.rehearsal.memory import condense
 from envace.train.losses import ACT_ID, REHEARSE_ID, grpo_role_loss, leak_mass, role_advantages, role_targets, token_weights
 
 
-
 def responder_for(variant: str, policy: Policy, rollout: RolloutConfig, roles: RolesConfig, cfg: TrainConfig,
                   simulator: Policy | None = None):
     if variant == "envace":

@@ -112,7 +112,7 @@ class MuonAdamW(torch.optim.Optimizer):
     serves both. The iterations run in float32 (`torch.optim.Muon` runs them in bfloat16: as
     fast here, but two data-parallel ranks, whose summed gradients round differently from one
     process's, then part by bfloat16's rounding instead of float32's). On the embedded default
-    it reached the rehearsal gate's level in a third of AdamW's epochs (README: "Where the time goes").
+    it reached the rehearsal gate's level in a third of AdamW's epochs (README: "Why 6 epochs").
     """
 
     MOMENTUM = 0.95  # Muon's, with Nesterov's look-ahead
