@@ -73,8 +73,7 @@ def run(params: Params) -> dict[str, Path]:
     model, tokenizer = load(BASE_MODEL, dtype=weights_dtype(precision))
     model = with_lora(model, params.model.lora)
     optimizer = params.warmup_optimizer()
-    matrices = sum(is_layer_matrix(n, p) for n, p in model.named_parameters() if p.requires_grad)
-    if optimizer == "muon" and not matrices:
+    if optimizer == "muon" and not any(is_layer_matrix(n, p) for n, p in model.named_parameters() if p.requires_grad):
         raise StageFailed(f"warmup.optimizer muon: {BASE_MODEL} has no decoder-layer weight matrices (parameters named "
                           "*.layers.*) to train with it (set warmup.optimizer: adamw)")
     policy = Policy(model, tokenizer, max_len(params.model, model), autocast_dtype(precision))
