@@ -516,10 +516,6 @@ def test_the_train_stage_reads_its_variants_without_loading_torch():
     """`python -m envace.stages.train` reads its variants before `main` flushes denormals: from a
     module that loads neither torch nor Lightning (loaded there, they would also be counted as
     the pipeline's overhead instead of the stage's own time)."""
-    import subprocess
-    import sys
-
     code = ("import sys, envace.stages.train; from envace.train import VARIANTS; "
             "print(VARIANTS, sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.stdout.strip() == "('sft', 'real_env', 'simulator', 'envace') []", out.stderr[-2000:]
+    assert " ".join(_run_python(code)) == "('sft', 'real_env', 'simulator', 'envace') []"
