@@ -9,8 +9,10 @@ from envace.roles import act_text
 from envace.rollout.runner import Episode
 
 
-def log_trace(episode: Episode, rehearsals: list[Episode], model: str) -> str | None:
-    """Log one trace into the active MLflow experiment (and run); returns its id."""
+def log_trace(episode: Episode, rehearsals: list[Episode], model: str, flush: bool = True) -> str | None:
+    """Log one trace into the active MLflow experiment (and run); returns its id. `flush`: wait
+    until it is written (each flush waits ~0.5 s for MLflow's export queue to wake: a caller
+    logging several traces passes False and flushes once after the last)."""
     import mlflow
     from mlflow.entities import SpanType
 
@@ -28,7 +30,8 @@ def log_trace(episode: Episode, rehearsals: list[Episode], model: str) -> str | 
         root.set_outputs({"answer": episode.answer, "failure": episode.failure, "success": episode.success,
                           "real_calls": episode.real_calls,
                           "held": [v.call for v in episode.reviews if v.hold and not v.confirmed]})
-    mlflow.flush_trace_async_logging()  # written before the caller (or the process) moves on
+    if flush:  # written before the caller (or the process) moves on
+        mlflow.flush_trace_async_logging()
     return mlflow.get_last_active_trace_id()
 
 

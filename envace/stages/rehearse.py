@@ -191,7 +191,8 @@ def _log_run(summary: dict, params: Params, traced: dict) -> None:
             real, imagined = play(policy, sample, params.rollout, 2, "sequential", guard, params.roles.memory_episodes,
                                   params.rehearse.temperature, params.rehearse.seed)
             for episode, rehearsals in zip(real, imagined):
-                log_trace(episode, rehearsals, name)
+                log_trace(episode, rehearsals, name, flush=False)
+        mlflow.flush_trace_async_logging()  # every trace written before the run ends
 
 
 if __name__ == "__main__":
