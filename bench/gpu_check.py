@@ -93,7 +93,8 @@ def grpo_run(policy, data, steps: int, precision: str) -> dict:
 
     from envace.config import RolesConfig, RolloutConfig, TrainConfig
     from envace.domains.base import Task
-    from envace.train.grpo import GRPOModule, leak_words_of
+    from envace.roles import leak_words_of
+    from envace.train.grpo import GRPOModule
 
     cfg = TrainConfig(steps=steps, tasks_per_step=16, group_size=8, lr=1e-5)
     module = GRPOModule(policy, [Task.from_dict(e["task"]) for e in data], "envace", cfg,

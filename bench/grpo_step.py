@@ -54,8 +54,9 @@ def grpo_module(variant: str, model_path: str):
     from envace.domains.base import Task
     from envace.io import read_jsonl
     from envace.model import load
+    from envace.roles import leak_words_of
     from envace.rollout.runner import Policy
-    from envace.train.grpo import GRPOModule, leak_words_of
+    from envace.train.grpo import GRPOModule
 
     params = load_params("params.yaml")
     model, tokenizer = load(model_path)

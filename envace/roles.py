@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from envace.data.tokenizer import compact_json, model_json, unindexed
+from envace.data.tokenizer import WORDS, compact_json, model_json, unindexed
 from envace.domains.base import Tool, argument_error
 
 ACT, REHEARSE = "act", "rehearse"
@@ -351,3 +351,28 @@ def parse_rehearse(text: str, end: str = MinimalTemplate.end) -> Any:
 def canonical(response: Any) -> str:
     """JSON canonicalisation for exact-match comparison of responses."""
     return json.dumps(response, sort_keys=True, separators=(",", ":"))
+
+
+# ---------------------------------------------------------------- the persona leak
+# The environment's voice in the agent's: ACT writing words only tool responses use. GRPO
+# pushes their probability down (`train.leak_coef`); evaluate reports how often ACT writes one.
+
+
+def leak_words(response_texts, act_texts) -> set[str]:
+    """Words (whole pieces of text, as `tokenizer.WORDS` splits them) that real tool responses
+    use and ACT never writes. Words, not tokens: with a BPE tokenizer a token is a piece of
+    many words."""
+    seen = lambda texts: {w for text in texts for w in WORDS.findall(text) if not w.isspace()}  # noqa: E731
+    return seen(response_texts) - seen(act_texts)
+
+
+def leak_words_of(episodes: list[dict]) -> set[str]:
+    """`leak_words` of recorded episodes, responses spelled as the model reads them."""
+    messages = [m for e in episodes for m in e["messages"]]
+    return leak_words([model_json(m["response"]) for m in messages if m["role"] == "tool"],
+                      [act_text(m) for m in messages if m["role"] == "act"])
+
+
+def leaked(text: str, words: set[str]) -> bool:
+    """Whether `text` uses one of the leak `words`."""
+    return any(w in words for w in WORDS.findall(text))

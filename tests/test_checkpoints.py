@@ -141,7 +141,8 @@ def test_relabelling_renames_names_in_every_spelling_with_a_bpe_tokenizer(smol_d
 
 def test_leak_words_count_whole_words_and_only_one_token_words_enter_the_loss(smol_dir):
     from envace.model import load
-    from envace.train.grpo import leak_token_ids, leak_words, leaked
+    from envace.roles import leak_words, leaked
+    from envace.train.grpo import leak_token_ids
 
     _, tok = load(smol_dir)
     words = leak_words(['{"status":"completed","balance":120}'], ['[{"name":"transfer","arguments":{"amount":120}}]'])

@@ -79,8 +79,9 @@ def _module(tokenizer, variant, max_new_tokens=12, **overrides):
     from envace.domains import get_domain
     from envace.data.demonstrations import generate_tasks
     from envace.model import build_default
+    from envace.roles import leak_words
     from envace.rollout.runner import Policy
-    from envace.train.grpo import GRPOModule, leak_words
+    from envace.train.grpo import GRPOModule
 
     model = build_default(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer)
     policy = Policy(model, tokenizer)

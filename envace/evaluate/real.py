@@ -7,6 +7,7 @@ from collections import defaultdict
 from envace.config import RolloutConfig
 from envace.domains.base import Task
 from envace.evaluate import success_rates, wilson
+from envace.roles import leaked
 from envace.rollout.runner import ACT, EpisodeRunner, RealResponder
 
 
@@ -39,8 +40,6 @@ def real_success(policy, tasks: list[Task], cfg: RolloutConfig, temperature: flo
 
 
 def summary(policy, episodes: list, leak_words: frozenset[str]) -> dict:
-    from envace.train.grpo import leaked
-
     failures: dict[str, int] = defaultdict(int)
     for e in episodes:
         if e.failure:

@@ -35,8 +35,8 @@ def run(params: Params) -> dict[str, Path]:
     from envace.domains.base import Task
     from envace.evaluate.real import backend_kind, unavailable
     from envace.model import cpu_threads
+    from envace.roles import leak_words_of
     from envace.train import VARIANTS
-    from envace.train.grpo import leak_words_of
 
     torch.set_num_threads(cpu_threads())
     missing = [v for v in VARIANTS if not any((TRAIN_MODELS / v / f).exists() for f in ("config.json", "adapter_config.json"))]

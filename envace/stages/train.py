@@ -51,11 +51,12 @@ def run(params: Params, variant: str = "envace") -> dict[str, Path]:
     from envace.domains.base import Task
     from envace.evaluate.real import unavailable
     from envace.model import autocast_dtype, load, max_len, precision_of, save, weights_dtype
+    from envace.roles import leak_words_of
     from envace.rollout.runner import Policy
     from envace.tracking import lightning_logger
     from envace.train import trainer_options
     from envace.train.checkpoint import fingerprint, last_checkpoint, resumable
-    from envace.train.grpo import GRPOModule, leak_words_of
+    from envace.train.grpo import GRPOModule
 
     cfg = params.train
     L.seed_everything(cfg.seed, verbose=False)

@@ -39,9 +39,8 @@ import torch.nn.functional as F
 
 from envace import judge
 from envace.config import RolesConfig, RolloutConfig, TrainConfig
-from envace.data.tokenizer import WORDS, model_json
 from envace.domains.base import Task
-from envace.roles import ACT, REHEARSE, ROLE_IDS
+from envace.roles import ACT, REHEARSE, ROLE_IDS, leaked
 from envace.rollout.generate import mix64, unit
 from envace.rollout.runner import SIMULATOR, Episode, EpisodeRunner, ModelResponder, Policy, RealResponder
 from envace.train import VARIANTS, is_sharded_strategy, rank_divergence, shard, sync_replica
@@ -101,23 +100,6 @@ def generation_rows(episodes: list[Episode]) -> tuple[list[tuple[list[int], list
     return rows, episode_of
 
 
-def leak_words(response_texts, act_texts) -> set[str]:
-    """Words (whole pieces of text, as `tokenizer.WORDS` splits them) that real tool responses
-    use and ACT never writes: ACT writing one is the environment's voice leaking into the
-    agent's. Words, not tokens: with a BPE tokenizer a token is a piece of many words."""
-    seen = lambda texts: {w for text in texts for w in WORDS.findall(text) if not w.isspace()}  # noqa: E731
-    return seen(response_texts) - seen(act_texts)
-
-
-def leak_words_of(episodes: list[dict]) -> set[str]:
-    """`leak_words` of recorded episodes, responses spelled as the model reads them."""
-    from envace.roles import act_text
-
-    messages = [m for e in episodes for m in e["messages"]]
-    return leak_words([model_json(m["response"]) for m in messages if m["role"] == "tool"],
-                      [act_text(m) for m in messages if m["role"] == "act"])
-
-
 def leak_token_ids(tokenizer, words: set[str]) -> torch.Tensor:
     """Ids of the leak words that are one token each: the persona-leak loss pushes their
     probability down at ACT positions. With our word-level tokenizer that is every leak word;
@@ -125,10 +107,6 @@ def leak_token_ids(tokenizer, words: set[str]) -> torch.Tensor:
     ids = {tokenizer.convert_tokens_to_ids(w) for w in words if len(tokenizer.tokenize(w)) == 1}
     ids = {i for i in ids if i is not None and i != tokenizer.unk_token_id} - set(tokenizer.all_special_ids)
     return torch.tensor(sorted(ids), dtype=torch.long)
-
-
-def leaked(text: str, words: set[str]) -> bool:
-    return any(w in words for w in WORDS.findall(text))
 
 
 def rank_share(groups: int, rank: int, world: int) -> list[int]:

@@ -156,6 +156,6 @@ def leak_mass(logits: torch.Tensor, leak_ids: torch.Tensor) -> torch.Tensor:
     """Persona-leak auxiliary loss: probability ACT puts on response-only tokens, per token.
 
     logits: [S, V] at ACT positions; leak_ids: [M] ids of the words seen only in tool
-    responses that are one token each (see `train.grpo.leak_words`) → [S].
+    responses that are one token each (see `roles.leak_words`) → [S].
     """
     return torch.softmax(logits.float(), dim=-1)[:, leak_ids].sum(-1)
