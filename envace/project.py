@@ -129,7 +129,69 @@ def with_code_deps(text: str) -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":  # python -m envace.project: bring dvc.yaml's code deps up to date
+def pin_code_deps(root: Path = ROOT, write: bool = True) -> list[str]:
+    """Every committed dvc.lock under `root` (the repository's and each project's) with its code
+    deps as dvc.yaml lists them, hashed as the code is now; data and model deps and the outputs
+    stay as locked. So a lock whose outputs came from an earlier run keeps them, and `dvc status`
+    names only what really changed. Returns the changes ("lock: stage: path"); `write=False`
+    only reports them."""
+    from dvc.repo import Repo
+
+    locks: dict[Path, dict] = {}
+    changes: list[str] = []
+    with Repo(str(root)) as repo:
+        for stage in repo.index.stages:
+            lock_path = Path(stage.path).with_name("dvc.lock")
+            lock = locks.get(lock_path) or locks.setdefault(
+                lock_path, yaml.safe_load(lock_path.read_text()) if lock_path.exists() else {})
+            entry = (lock.get("stages") or {}).get(stage.name)
+            if entry is None:  # never run: nothing pinned to bring up to date
+                continue
+            where = f"{lock_path.relative_to(root)}: {stage.name}"
+            locked = {d["path"]: d for d in entry.get("deps", [])}
+            deps = []
+            for dep in stage.deps:
+                if not _is_code(dep.def_path):
+                    deps += [locked[dep.def_path]] if dep.def_path in locked else []
+                    continue
+                dep.save()  # hashes it now (a folder: DVC's hash of its files)
+                pin = {"path": dep.def_path, "hash": "md5", "md5": dep.hash_info.value, "size": dep.meta.size}
+                if dep.meta.isdir:
+                    pin["nfiles"] = dep.meta.nfiles
+                if locked.get(dep.def_path) != pin:
+                    changes.append(f"{where}: {dep.def_path} " + ("re-pinned" if dep.def_path in locked else "added"))
+                deps.append(pin)
+            listed = {d.def_path for d in stage.deps}
+            changes += [f"{where}: {path} dropped" for path in locked if _is_code(path) and path not in listed]
+            entry["deps"] = sorted(deps, key=lambda d: d["path"])  # as DVC writes them
+    if write and changes:
+        from envace.io import write_text
+
+        for lock_path, lock in locks.items():
+            if lock:  # DVC's own layout: PyYAML writes a lock DVC wrote byte for byte
+                write_text(lock_path, yaml.safe_dump(lock, sort_keys=False, default_flow_style=False, width=2**31))
+    return changes
+
+
+def _is_code(path: str) -> bool:
+    """A dep on the package's code (re-rooted in a project: `../../envace/...`)."""
+    bare = re.sub(r"^(\.\./)+", "", path)
+    return bare.startswith(CODE) and bare not in DATA_DEPS
+
+
+def _project_dvc_yamls() -> list[Path]:
+    """The projects in folders of their own whose dvc.yaml `envace run` generates (examples/...)."""
+    return [p.parent for p in ROOT.glob("*/*/dvc.yaml") if p.read_text().startswith(HEADER)]
+
+
+if __name__ == "__main__":  # python -m envace.project: bring the code deps up to date, in dvc.yaml and dvc.lock
+    from envace.config import load_params
+
     dvc_yaml = ROOT / "dvc.yaml"
     dvc_yaml.write_text(with_code_deps(dvc_yaml.read_text()))
     print(f"{dvc_yaml}: code deps = each stage's import closure")
+    for project in _project_dvc_yamls():
+        project_dvc_yaml(project, load_params(project / "params.yaml").collect.domains)
+        print(f"{project / 'dvc.yaml'}: the repository's, re-rooted")
+    for change in pin_code_deps():
+        print(change)

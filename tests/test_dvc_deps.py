@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from envace.project import DATA_DEPS, ROOT, code_deps, import_closure, with_code_deps
+from envace.project import DATA_DEPS, ROOT, code_deps, import_closure, pin_code_deps, with_code_deps
 
 SPEC = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
@@ -51,3 +51,34 @@ def test_no_stage_imports_another_stage():
         others = [f for f in import_closure(module) if f.startswith("envace/stages/")
                   and f not in ("envace/stages/__init__.py", module.replace(".", "/") + ".py")]
         assert not others, f"stage {name} imports {others}: shared paths live in envace/paths.py, helpers in the library"
+
+
+def test_the_committed_locks_pin_the_code_as_it_is():
+    """dvc.lock (the repository's and the example's) hashes every code dep as the code is: a
+    stale pin makes `dvc status` call stages changed that are not."""
+    stale = pin_code_deps(write=False)
+    assert not stale, "code deps pinned stale (python -m envace.project re-pins them):\n" + "\n".join(stale)
+
+
+def test_pinning_the_code_deps_keeps_every_other_pin(tmp_path):
+    import hashlib
+    import shutil
+
+    from tests.conftest import make_project
+
+    project = make_project(tmp_path / "proj", copy_code=True)
+    shutil.copy(ROOT / "dvc.lock", project / "dvc.lock")
+    lock = yaml.safe_load((project / "dvc.lock").read_text())
+    deps = lock["stages"]["collect"]["deps"]
+    config = next(d for d in deps if d["path"] == "envace/config.py")
+    config["md5"] = "0" * 32  # the code changed since the lock was written
+    deps.append({"path": "envace/gone.py", "hash": "md5", "md5": "1" * 32, "size": 1})  # no longer imported
+    (project / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
+
+    changes = pin_code_deps(project)
+    assert changes == ["dvc.lock: collect: envace/config.py re-pinned", "dvc.lock: collect: envace/gone.py dropped"]
+    pinned = yaml.safe_load((project / "dvc.lock").read_text())
+    fixed = next(d for d in pinned["stages"]["collect"]["deps"] if d["path"] == "envace/config.py")
+    assert fixed["md5"] == hashlib.md5((project / "envace/config.py").read_bytes()).hexdigest()
+    assert (project / "dvc.lock").read_text() == (ROOT / "dvc.lock").read_text()  # the rest as it was, in DVC's layout
+    assert pin_code_deps(project) == []
