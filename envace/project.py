@@ -137,19 +137,21 @@ def pin_code_deps(root: Path = ROOT, write: bool = True) -> list[str]:
     only reports them."""
     from dvc.repo import Repo
 
+    root = Path(root).resolve()
     locks: dict[Path, dict] = {}
     changes: list[str] = []
+    stale: set[Path] = set()  # the locks to write
     with Repo(str(root)) as repo:
         for stage in repo.index.stages:
             lock_path = Path(stage.path).with_name("dvc.lock")
-            lock = locks.get(lock_path) or locks.setdefault(
-                lock_path, yaml.safe_load(lock_path.read_text()) if lock_path.exists() else {})
-            entry = (lock.get("stages") or {}).get(stage.name)
+            if lock_path not in locks:
+                locks[lock_path] = yaml.safe_load(lock_path.read_text()) if lock_path.exists() else {}
+            entry = (locks[lock_path].get("stages") or {}).get(stage.name)
             if entry is None:  # never run: nothing pinned to bring up to date
                 continue
             where = f"{lock_path.relative_to(root)}: {stage.name}"
             locked = {d["path"]: d for d in entry.get("deps", [])}
-            deps = []
+            deps, changed_before = [], len(changes)
             for dep in stage.deps:
                 if not _is_code(dep.def_path):
                     deps += [locked[dep.def_path]] if dep.def_path in locked else []
@@ -163,13 +165,15 @@ def pin_code_deps(root: Path = ROOT, write: bool = True) -> list[str]:
                 deps.append(pin)
             listed = {d.def_path for d in stage.deps}
             changes += [f"{where}: {path} dropped" for path in locked if _is_code(path) and path not in listed]
+            if len(changes) > changed_before:
+                stale.add(lock_path)
             entry["deps"] = sorted(deps, key=lambda d: d["path"])  # as DVC writes them
-    if write and changes:
+    if write and stale:
         from envace.io import write_text
 
-        for lock_path, lock in locks.items():
-            if lock:  # DVC's own layout: PyYAML writes a lock DVC wrote byte for byte
-                write_text(lock_path, yaml.safe_dump(lock, sort_keys=False, default_flow_style=False, width=2**31))
+        for lock_path in stale:  # DVC's own layout: PyYAML writes a lock DVC wrote byte for byte
+            write_text(lock_path, yaml.safe_dump(locks[lock_path], sort_keys=False, default_flow_style=False,
+                                                 width=2**31))
     return changes
 
 
