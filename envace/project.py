@@ -122,7 +122,7 @@ def with_code_deps(text: str) -> str:
             while i < len(lines) and re.match(r"^\s+- ", lines[i]):
                 indent = re.match(r"^(\s+)- ", lines[i]).group(1)
                 dep = lines[i].strip()[2:].split("#")[0].strip()
-                if not dep.startswith(("envace/", "flows/")) or dep in DATA_DEPS:
+                if not _is_code(dep):
                     kept.append(lines[i])
                 i += 1
             out += [f"{indent}- {d}" for d in code_deps(module)] + kept
