@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import yaml
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from envace import tracking
+from envace import tracking, warm_start
 from envace.config import load_params
 from envace.gates import DATA_DOCS, GATE_RUNS
 from envace.project import is_root, project_dvc_yaml
@@ -84,23 +85,24 @@ def pipeline_stages(root: Path) -> dict[str, dict]:
 
 
 @task(name="dvc-repro", task_run_name="{stage}", log_prints=False)  # stage lines: terminal + logger
-def reproduce(stage: str, root: Path, mlflow_run_id: str, up_to_date: bool = False) -> dict:
+def reproduce(stage: str, root: Path, mlflow_run_id: str, up_to_date: bool = False, warm: dict | None = None) -> dict:
     """`dvc repro <stage>`; returns whether it ran (vs. up to date) and how long it took. A
     gate's or a result's report becomes a markdown artifact of this task run, failed or not.
-    `up_to_date`: `dvc status` already said so (and nothing ran since): no `dvc repro` to start."""
+    `up_to_date`: `dvc status` already said so (and nothing ran since): no `dvc repro` to start.
+    `warm`: the environment that has the stage's command run by the flow's warm server."""
     logger = get_run_logger()
     if up_to_date:
         logger.info("%s | up to date (dvc status)", stage)
         _publish_report(stage, root)
         return {"stage": stage, "ran": False, "seconds": 0.0}
     try:
-        return _reproduce(stage, root, mlflow_run_id, logger)
+        return _reproduce(stage, root, mlflow_run_id, logger, warm or {})
     finally:
         _publish_report(stage, root)
 
 
-def _reproduce(stage: str, root: Path, mlflow_run_id: str, logger) -> dict:
-    env = dict(os.environ)
+def _reproduce(stage: str, root: Path, mlflow_run_id: str, logger, warm: dict) -> dict:
+    env = {**os.environ, **warm}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # stage cmds use this python
     env["ENVACE_MLFLOW_RUN_ID"] = mlflow_run_id  # stages log curves into their nested run
     env["MLFLOW_TRACKING_URI"] = tracking.tracking_uri(root)
@@ -252,17 +254,20 @@ def envace_flow(project_dir: str = ".", until: str | None = None) -> dict:
         stages = dict(list(stages.items())[:last])
     summary: dict = {"stages": {}, "gates": {}}
     prefect_run = _prefect_run()
-    with tracking.pipeline_run(root, prefect_run["name"], {"project_dir": str(root), **prefect_run["tags"]}) as parent:
+    with tracking.pipeline_run(root, prefect_run["name"], {"project_dir": str(root), **prefect_run["tags"]}) as parent, \
+            ExitStack() as stack:
         summary["mlflow_run_id"] = parent.info.run_id
         _link_mlflow_run(root, parent)
         stale = stale_stages(root)
+        # the stages' processes start warm: torch, transformers, Lightning, MLflow imported once
+        warm = stack.enter_context(warm_start.server(str(root))) if stale is None or stale else {}
         for stage, spec in stages.items():
             # until a stage runs, nothing has changed since `dvc status` looked
             known_fresh = stale is not None and stage not in stale and not any(r["ran"] for r in summary["stages"].values())
             with tracking.stage_run(parent, stage) as run:
                 params = _stage_params(spec, params_raw)
                 try:
-                    result = reproduce(stage, root, run.info.run_id, known_fresh)
+                    result = reproduce(stage, root, run.info.run_id, known_fresh, warm)
                 except StageError:
                     _record_gate(stage, root, summary)
                     tracking.log_to_run(params, _stage_metrics(spec, root), {"status": "failed"},

@@ -20,6 +20,11 @@ class StageFailed(RuntimeError):
 
 
 def main(name: str, run: Callable, variants: tuple[str, ...] = ()) -> None:
+    from envace import warm_start
+
+    status = warm_start.run_in_server()  # under the flow: run by its warm server, imports done
+    if status is not None:
+        sys.exit(status)
     from envace.config import ParamsError, load_params
     from envace.data.logs import LogError
     from envace.domains import DomainError, use_domains
