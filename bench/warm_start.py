@@ -34,7 +34,7 @@ COMMANDS = {  # stage -> (arguments, its outputs)
     "train@sft": (["--variant", "sft"], ["models/train/sft", "metrics/train/sft.json"]),
     "evaluate": ([], ["metrics/eval.json", "reports/eval.md"]),
 }
-NEEDS = ("data/prepared", "models/base", "models/warmup", "models/train", "params.yaml")
+NEEDS = ("data/prepared", "models/base", "models/warmup", "models/train", "metrics/train", "params.yaml")
 
 
 def scratch(base: Path) -> Path:
