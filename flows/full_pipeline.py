@@ -1,7 +1,8 @@
 """The `envace` Prefect flow: every DVC stage in order, gates reported, runs tracked.
 
-Each stage runs through DVC (`dvc repro <stage>`), so DVC decides what is stale, skips
-what is up to date and pins every artifact in dvc.lock. Around it the flow adds what
+Each stage runs through DVC (`dvc repro --single-item <stage>`: the flow has just run the
+stages before it, in order, so DVC need not check them again), so DVC decides what is stale,
+skips what is up to date and pins every artifact in dvc.lock. Around it the flow adds what
 DVC does not: retries of nothing (stages are deterministic, a failure is real), a
 markdown artifact per gate, and MLflow tracking — one parent run per pipeline run and a
 nested run per stage with its params, metrics and the hashes of its outputs.
@@ -86,7 +87,7 @@ def pipeline_stages(root: Path) -> dict[str, dict]:
 
 @task(name="dvc-repro", task_run_name="{stage}", log_prints=False)  # stage lines: terminal + logger
 def reproduce(stage: str, root: Path, mlflow_run_id: str, up_to_date: bool = False, warm: dict | None = None) -> dict:
-    """`dvc repro <stage>`; returns whether it ran (vs. up to date) and how long it took. A
+    """`dvc repro --single-item <stage>`; returns whether it ran (vs. up to date) and how long it took. A
     gate's or a result's report becomes a markdown artifact of this task run, failed or not.
     `up_to_date`: `dvc status` already said so (and nothing ran since): no `dvc repro` to start.
     `warm`: the environment that has the stage's command run by the flow's warm server."""
@@ -107,7 +108,7 @@ def _reproduce(stage: str, root: Path, mlflow_run_id: str, logger, warm: dict) -
     env["ENVACE_MLFLOW_RUN_ID"] = mlflow_run_id  # stages log curves into their nested run
     env["MLFLOW_TRACKING_URI"] = tracking.tracking_uri(root)
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", stage], cwd=root, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "--single-item", stage], cwd=root, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines = []
     for line in proc.stdout:  # streamed: a long stage (warmup) shows its epochs as they end
