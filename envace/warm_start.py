@@ -189,10 +189,11 @@ def _handle(conn: socket.socket, listener: socket.socket, same: dict, set_by_imp
         conn.send(json.dumps({"cold": differs}).encode())
         return
     sys.stdout.flush(), sys.stderr.flush()  # nothing of the server's is written twice
+    server = os.getpid()
     pid = os.fork()
     if pid == 0:
         listener.close()
-        _child(conn, request, list(fds), set_by_imports)  # never returns
+        _child(conn, request, list(fds), set_by_imports, server)  # never returns
     for fd in fds:
         os.close(fd)
     try:
@@ -225,15 +226,17 @@ def _joined(pid: int, pgid: int) -> bool:
     return False
 
 
-def _child(conn: socket.socket, request: dict, fds: list[int], set_by_imports: dict) -> None:
+def _child(conn: socket.socket, request: dict, fds: list[int], set_by_imports: dict, server: int) -> None:
     """The stage, run as its command would have run it; ends the process with its status."""
     code = 1
     try:
+        _die_with_parent(signal.SIGKILL)
+        if os.getppid() != server:  # the server died before that took hold: its command runs the stage cold
+            os._exit(1)
         try:
             os.setpgid(0, request["pgid"])
         except OSError:  # another session: the command forwards its signals instead
             pass
-        _die_with_parent(signal.SIGKILL)
         threading.Thread(target=_exit_when_closed, args=(conn,), daemon=True).start()
         for fd, stream in zip(fds, request["streams"]):
             os.dup2(fd, stream)
