@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -14,21 +15,30 @@ from envace import warm_start
 from tests.conftest import ROOT
 
 
-@pytest.fixture(scope="module")
-def warm():
-    """One server for the module, as the flow starts it; the environment its commands get."""
-    with warm_start.server(str(ROOT)) as env:
-        path = env[warm_start.VARIABLE]
-        for _ in range(600):  # it listens once its imports are done
-            if os.path.exists(path):
+@contextmanager
+def _started(root):
+    """A warm server for `root`, as the flow starts one, once it listens (its imports done)."""
+    with warm_start.server(str(root)) as env:
+        for _ in range(600):
+            if os.path.exists(env[warm_start.VARIABLE]):
                 break
             time.sleep(0.1)
+        else:
+            pytest.fail("the warm server did not listen within 60 s")
         yield env
 
 
-def _probe(env, *args, cwd=ROOT, **popen):
+@pytest.fixture(scope="module")
+def warm():
+    """One server for the module: the environment its commands get."""
+    with _started(ROOT) as env:
+        yield env
+
+
+def _probe(env, *args, cwd=ROOT):
+    """`python -m tests.warm_probe ARGS` as DVC would start a stage's command."""
     return subprocess.Popen([sys.executable, "-m", "tests.warm_probe", *args], cwd=cwd, env={**os.environ, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _ran(proc) -> dict:
@@ -46,7 +56,7 @@ def test_a_command_runs_in_the_server_with_its_arguments_environment_streams_and
     assert ran["pgid"] == os.getpgrp()  # in the command's process group (this one): a Ctrl-C reaches it
 
 
-def test_a_stage_run_warm_writes_what_it_writes_cold(warm, tmp_path):
+def test_a_stage_run_warm_writes_what_it_writes_cold(tmp_path):
     """A real stage through the server: the same output bytes and the same lines as cold."""
     from tests.conftest import make_project
 
@@ -54,9 +64,7 @@ def test_a_stage_run_warm_writes_what_it_writes_cold(warm, tmp_path):
     for stage in ("collect", "prepare"):
         subprocess.run([sys.executable, "-m", f"envace.stages.{stage}"], cwd=project, check=True, capture_output=True)
     runs = {}
-    with warm_start.server(str(project)) as env:
-        while not os.path.exists(env[warm_start.VARIABLE]):
-            time.sleep(0.1)
+    with _started(project) as env:
         for how, extra in (("cold", {}), ("warm", env)):
             done = subprocess.run([sys.executable, "-m", "envace.stages.base_model"], cwd=project, text=True,
                                   env={**os.environ, **extra}, capture_output=True)
@@ -66,14 +74,12 @@ def test_a_stage_run_warm_writes_what_it_writes_cold(warm, tmp_path):
     assert runs["warm"] == runs["cold"]
 
 
-def test_a_failing_stage_fails_the_same_way_warm(warm, tmp_path):
+def test_a_failing_stage_fails_the_same_way_warm(tmp_path):
     """Bad input: one clear line on stderr and exit status 1, through the server as without it."""
     from tests.conftest import make_project
 
     project = make_project(tmp_path / "proj")
-    with warm_start.server(str(project)) as env:
-        while not os.path.exists(env[warm_start.VARIABLE]):
-            time.sleep(0.1)
+    with _started(project) as env:
         done = {how: subprocess.run([sys.executable, "-m", "envace.stages.warmup"], cwd=project, text=True,
                                     env={**os.environ, **extra}, capture_output=True)
                 for how, extra in (("cold", {}), ("warm", env))}
@@ -95,9 +101,7 @@ def test_killing_the_command_kills_the_stage(warm):
 
 
 def test_the_stage_dies_with_the_server():
-    with warm_start.server(str(ROOT)) as env:
-        while not os.path.exists(env[warm_start.VARIABLE]):
-            time.sleep(0.1)
+    with _started(ROOT) as env:
         proc = _probe(env, "--sleep", "60")
         child = _ran(proc)["pid"]
     # the block ended (the flow is done, or died): its server went, and the stage with it
