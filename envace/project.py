@@ -4,7 +4,10 @@ metrics and MLflow store live there, and its dvc.yaml is this repository's, re-r
 The flow (`envace run`, `make example`, a deployment run) calls `project_dvc_yaml`, which writes that dvc.yaml: every stage as in the root's, code paths made
 relative to the project, and each domain folder of the project's `collect.domains` added to
 `collect`'s dependencies — so appending to a domain's episodes.jsonl makes `collect` and
-everything after it stale, and nothing else.
+everything after it stale, and nothing else. A project that is a DVC repository of its own
+gets `.dvcignore` rules for Python byte code, as the repository's root has: importing a
+domain folder's modules (a later stage starting its MCP server) writes `__pycache__` there,
+which would otherwise change the folder's hash and leave `collect` stale after every run.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ def is_root(project: Path) -> bool:
 
 def project_dvc_yaml(project: Path, domain_specs: list[str]) -> Path:
     """Write `project/dvc.yaml` (only when its content changes; a dvc.yaml the project wrote
-    itself, without our header, is left alone) and return its path."""
+    itself, without our header, is left alone) and return its path; `ignore_bytecode` first."""
     project = Path(project).resolve()
+    ignore_bytecode(project)
     path = project / "dvc.yaml"
     if path.exists() and not path.read_text().startswith(HEADER):
         return path
@@ -40,11 +44,30 @@ def project_dvc_yaml(project: Path, domain_specs: list[str]) -> Path:
     folders = [s.rstrip("/") for s in domain_specs if (project / s).is_dir()]
     spec["stages"]["collect"]["deps"] += folders
     text = HEADER + yaml.safe_dump(spec, sort_keys=False, allow_unicode=True)
-    if not path.exists() or path.read_text() != text:
-        from envace.io import write_text
+    from envace.io import write_text
 
+    if not path.exists() or path.read_text() != text:
         write_text(path, text)
     return path
+
+
+BYTECODE = ("__pycache__/", "*.pyc")
+
+
+def ignore_bytecode(project: Path) -> None:
+    """Add `BYTECODE` to the `.dvcignore` of a project that is its own DVC repository (inside
+    this repository the root's `.dvcignore` has them), keeping what the file already says."""
+    if not (project / ".dvc").is_dir():
+        return
+    from envace.io import write_text
+
+    ignore = project / ".dvcignore"
+    text = ignore.read_text() if ignore.exists() else ""
+    missing = [rule for rule in BYTECODE if rule not in text.splitlines()]
+    if missing:
+        write_text(ignore, text + ("" if not text or text.endswith("\n") else "\n")
+                   + "# Python byte code: written on import, not part of any stage (added by envace run)\n"
+                   + "".join(f"{rule}\n" for rule in missing))
 
 
 def code_deps(module: str) -> list[str]:

@@ -16,7 +16,7 @@ import yaml
 from envace.data.logs import LogError, import_logs
 from envace.domains import DOMAINS, DomainError, get_domain, load_domain, use_domains
 from envace.domains.base import Domain, is_error
-from tests.conftest import write_params
+from tests.conftest import make_project, write_params
 
 ROOT = Path(__file__).resolve().parents[1]
 GITFORGE = ROOT / "examples" / "gitforge" / "domains" / "gitforge"
@@ -391,6 +391,30 @@ def test_project_dvc_yaml_is_in_sync_with_the_repository():
     stages = yaml.safe_load(committed)["stages"]
     assert "domains/gitforge" in stages["collect"]["deps"]
     assert all(not d.startswith("envace/") for s in stages.values() for d in s.get("do", s).get("deps", []))
+
+
+def test_a_project_of_its_own_leaves_python_byte_code_out_of_its_domain_folder(tmp_path):
+    """A project that is its own DVC repository gets the root's byte-code rules in .dvcignore
+    (once, keeping its own rules): a later stage importing the domain's modules writes
+    __pycache__ into the folder, which must not leave `collect` stale."""
+    from envace.project import project_dvc_yaml
+
+    project = make_project(tmp_path / "own")
+    shutil.copytree(GITFORGE, project / "domains" / "gitforge", ignore=shutil.ignore_patterns("__pycache__"))
+    (project / ".dvcignore").write_text("# mine\nscratch/")  # no newline at the end
+    project_dvc_yaml(project, ["domains/gitforge"])
+    project_dvc_yaml(project, ["domains/gitforge"])  # again: nothing added twice
+    rules = (project / ".dvcignore").read_text().splitlines()
+    assert rules[:2] == ["# mine", "scratch/"] and rules.count("__pycache__/") == 1 and rules.count("*.pyc") == 1
+    from dvc.repo import Repo
+
+    cache = project / "domains" / "gitforge" / "__pycache__"
+    cache.mkdir()
+    (cache / "forge.cpython-311.pyc").write_bytes(b"byte code")
+    with Repo(str(project)) as repo:  # DVC leaves it out of the folder it hashes
+        assert repo.dvcignore.is_ignored(repo.fs, str(cache / "forge.cpython-311.pyc"))
+        assert repo.dvcignore.is_ignored(repo.fs, str(cache))
+        assert not repo.dvcignore.is_ignored(repo.fs, str(project / "domains" / "gitforge" / "forge.py"))
 
 
 def test_a_python_backend_from_a_folder(tmp_path):
