@@ -44,9 +44,9 @@ def project_dvc_yaml(project: Path, domain_specs: list[str]) -> Path:
     folders = [s.rstrip("/") for s in domain_specs if (project / s).is_dir()]
     spec["stages"]["collect"]["deps"] += folders
     text = HEADER + yaml.safe_dump(spec, sort_keys=False, allow_unicode=True)
-    from envace.io import write_text
-
     if not path.exists() or path.read_text() != text:
+        from envace.io import write_text
+
         write_text(path, text)
     return path
 
