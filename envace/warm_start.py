@@ -144,10 +144,19 @@ def serve(path: str, parent: int) -> None:
     """Import PRELOAD, then listen at `path` and fork a child for each command that connects,
     one at a time (the flow runs one stage at a time; a child never connects). The socket
     appears once the imports are done: a command that comes earlier runs cold, not waiting.
-    Dies with `parent`."""
+    Dies with `parent`, removing the socket's folder."""
+    folder = os.path.dirname(path)
+
+    def leave(signum, frame):  # the flow is done, or died: nothing of the server's stays behind
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, leave)
     _die_with_parent(signal.SIGTERM)
     if os.getppid() != parent:  # it died before that took hold
-        return
+        leave(signal.SIGTERM, None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the stage and the flow
     import importlib
 

@@ -109,6 +109,22 @@ def test_the_stage_dies_with_the_server():
     assert not _alive(child)
 
 
+def test_a_server_whose_flow_is_killed_leaves_nothing_behind():
+    """The flow kill -9'd while its server imports: the server goes, and its socket's folder."""
+    script = ("import sys, time\nfrom envace import warm_start\nwith warm_start.server(sys.argv[1]) as env:\n"
+              "    print(env[warm_start.VARIABLE], flush=True)\n    time.sleep(60)\n")
+    flow = subprocess.Popen([sys.executable, "-c", script, str(ROOT)], stdout=subprocess.PIPE, text=True)
+    folder = os.path.dirname(flow.stdout.readline().strip())
+    time.sleep(2)  # the server has started and is importing
+    flow.kill()
+    flow.wait()
+    for _ in range(100):
+        if not os.path.exists(folder):
+            break
+        time.sleep(0.1)
+    assert not os.path.exists(folder)
+
+
 @pytest.mark.parametrize("why", ["load-time setting", "import path", "no server"])
 def test_a_command_the_server_cannot_run_as_itself_starts_cold(warm, why, tmp_path):
     env, cwd = dict(warm), ROOT
