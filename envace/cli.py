@@ -37,10 +37,11 @@ def _run(args) -> int:
 
     # no server named: a temporary one of our own, booting while Prefect is imported
     server = None if os.environ.get("PREFECT_API_URL") else TemporaryPrefectServer()
-    from flows.full_pipeline import envace_flow
+    from flows.full_pipeline import envace_flow, get_ready
 
     try:
         if server is not None:
+            get_ready(root)  # while the server boots
             server.wait()
         summary = envace_flow(project_dir=str(root), until=args.until)
     except ServeError as err:

@@ -50,6 +50,7 @@ def test_warmup_writes_model_metrics_plots_and_checkpoint(warmed):
     assert model.config.hidden_size == 32 and tok.padding_side == "left"
 
 
+
 def _gate(warmed, monkeypatch, threshold, **gate):
     from envace.config import parse_params
     from envace.stages import rehearsal_gate
@@ -204,6 +205,23 @@ def _params_file(tmp_path, **sections):
     return write_params(tmp_path / "params.yaml", params)
 
 
+def assert_after_is_measured_on_the_saved_model(root: Path, params_file: Path) -> None:
+    """`after` reuses the last epoch's check (taken on the final weights): it must equal measuring
+    the saved model afresh."""
+    from envace.config import load_params
+    from envace.data.splits import spread
+    from envace.evaluate.rehearsal import rehearsal_accuracy
+    from envace.io import read_jsonl
+    from envace.rollout.runner import load_policy
+
+    params = load_params(params_file)
+    policy = load_policy(root / "models/warmup", params.trainer, params.model.max_seq_len)
+    check = spread(list(read_jsonl(root / "data/prepared/val.jsonl")), params.warmup.check_episodes)
+    acc = rehearsal_accuracy(policy, check, privileged=True, max_new_tokens=params.rollout.max_new_tokens)
+    after = json.loads((root / "metrics/warmup.json").read_text())["after"]
+    assert (after["rehearsal_exact"], after["rehearsal_parse_rate"]) == (acc["exact"], acc["parse_rate"])
+    assert after["rehearsal_exact_per_tool"] == {t: r["exact"] for t, r in acc["per_tool"].items()}
+
 def kill_at_checkpoint_and_rerun(cmd: list[str], root: Path, checkpoint: str, output: str, resumed: str) -> None:
     """Start `cmd`, kill -9 it as soon as its first checkpoint exists, run it again: it must
     resume, finish, and remove its checkpoints (no `.part` left)."""
@@ -266,6 +284,7 @@ def test_warmup_killed_mid_run_resumes_and_ends_as_an_uninterrupted_run(warmed, 
     for tracked in ("metrics/warmup.json", "plots/warmup_epochs.csv", "plots/warmup_steps.csv"):  # no timings in them
         assert (killed / tracked).read_text() == (fresh / tracked).read_text(), tracked
     assert len(json.loads((killed / "timings/warmup.json").read_text())["epoch_seconds"]) == 4
+    assert_after_is_measured_on_the_saved_model(fresh, params)
     assert (killed / "models/warmup/model.safetensors").read_bytes() == \
         (fresh / "models/warmup/model.safetensors").read_bytes()
 

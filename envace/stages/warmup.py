@@ -111,6 +111,7 @@ def run(params: Params) -> dict[str, Path]:
     clock = {"start": time.perf_counter()}  # moved back by the time a resumed run had already spent
     seconds = lambda: time.perf_counter() - clock["start"]  # noqa: E731
     stopped = {"yes": False}  # the gate stopped training (a resumed run must not train on)
+    last_check: dict = {}  # the check spread's rehearsal accuracy after this process's last epoch: the final weights'
 
     def gate_status(episodes: list[dict], min_examples: int) -> tuple[dict, dict[str, float], bool]:
         policy.model.eval()
@@ -119,12 +120,12 @@ def run(params: Params) -> dict[str, Path]:
         core = core_tools(acc["per_tool"], min_examples)
         return acc, core, bool(core) and min(core.values()) >= gate.min_rehearsal_accuracy
 
-    def skills() -> tuple[dict, dict]:
-        """What the roles can do now: parse rates, rehearsal exact (per tool) on the check spread,
-        ACT's greedy success in the real backends — before training and after it. → (summary,
-        the full real-backend result)."""
+    def skills(acc: dict | None = None) -> tuple[dict, dict]:
+        """What the roles can do now: parse rates, rehearsal exact (per tool) on the check spread
+        (`acc`: already measured on these weights), ACT's greedy success in the real backends —
+        before training and after it. → (summary, the full real-backend result)."""
         policy.model.eval()
-        acc = rehearsal_accuracy(policy, check, privileged=True, max_new_tokens=params.rollout.max_new_tokens)
+        acc = acc or rehearsal_accuracy(policy, check, privileged=True, max_new_tokens=params.rollout.max_new_tokens)
         real = real_success(policy, test_tasks, params.rollout) if not no_real else \
             {"success": None, "act_parse_rate": None, "n": 0, "unavailable": no_real}
         model.train()
@@ -154,6 +155,7 @@ def run(params: Params) -> dict[str, Path]:
             # the spread holds ~1/k of val's calls: judge tools with ~1/k of the minimum
             share = min(1.0, len(check) / max(1, len(val)))
             acc, core, passes = gate_status(check, max(1, round(gate.min_tool_examples * share)))
+            last_check["acc"] = acc
             confirmed = False
             if passes and epoch >= cfg.min_epochs:
                 confirmed = gate_status(confirm, gate.min_tool_examples)[2] if check is not confirm else passes
@@ -212,7 +214,7 @@ def run(params: Params) -> dict[str, Path]:
     model = policy.model.eval()  # under FSDP the replica, which holds the final weights
     save(model, tokenizer, MODEL_DIR)
     shutil.rmtree(CHECKPOINTS, ignore_errors=True)
-    after, real = skills()
+    after, real = skills(last_check.get("acc"))
     write_csv(EPOCH_PLOT, epochs)
     write_json(METRICS, {
         "epochs": len(epochs), "real_success": real["success"], "real": real,
