@@ -1,7 +1,7 @@
 """The episode runner: many episodes at once, one policy, one of three responders.
 
-Each turn, every live episode's ACT prompt is generated in one batch; the calls ACT made
-are answered by the responder in one batch — the real backend, the policy itself in the
+Each turn, every live episode's ACT prompt is generated, `batch_size` episodes at a time;
+the calls ACT made are answered by the responder in one batch — the real backend, the policy itself in the
 REHEARSE role, or a separate frozen simulator model — and appended to the history as if
 the tool had answered. Caps on turns, calls per turn and tokens per generation are
 enforced; a malformed generation or a broken cap is a failed step recorded in the episode
@@ -229,16 +229,13 @@ class EpisodeRunner:
     def run(self, tasks: list[Task], streams: list[int] | None = None,
             memories: list[list[list[dict]] | None] | None = None) -> list[Episode]:
         """Play one episode per task; `streams` are their random stream keys (default: the
-        runner's seed and each task's position), `memories` their rehearsal memories."""
+        runner's seed and each task's position), `memories` their rehearsal memories.
+
+        Every episode takes its turns with all the others still live, `batch_size` at a time:
+        as episodes end, the live ones of later tasks fill the batches, so a turn that few
+        episodes reach is one small batch, not a small batch in every group of `batch_size` tasks."""
         streams = streams if streams is not None else [mix64(self.seed, i) for i in range(len(tasks))]
         memories = memories if memories is not None else [None] * len(tasks)
-        episodes = []
-        for start in range(0, len(tasks), self.cfg.batch_size):
-            end = start + self.cfg.batch_size
-            episodes += self._run_batch(tasks[start:end], streams[start:end], memories[start:end])
-        return episodes
-
-    def _run_batch(self, tasks: list[Task], streams: list[int], memories: list) -> list[Episode]:
         episodes = [Episode(t, [{"role": "user", "content": t.request}], k, memory=m)
                     for t, k, m in zip(tasks, streams, memories)]
         self.responder.start(episodes)
@@ -246,28 +243,33 @@ class EpisodeRunner:
             live = [e for e in episodes if not e.done]
             if not live:
                 break
-            calling = self._act(live)
-            requests = [(e, c) for e in calling for c in e.messages[-1]["calls"]]
-            holds = self.guard.screen(requests) if self.guard and requests else [None] * len(requests)
-            run = [r for r, hold in zip(requests, holds) if hold is None]
-            answers = iter(self.responder.respond(run) if run else [])
-            for (episode, call), hold in zip(requests, holds):
-                response = next(answers) if hold is None else hold
-                if episode.done:
-                    continue  # an earlier call of this turn already failed
-                if isinstance(response, Failure):
-                    episode.fail(f"{self.responder.source}:{response.reason}")
-                    continue
-                source = self.responder.source if hold is None else "guard"
-                episode.messages.append({"role": "tool", "name": call["name"], "response": response, "source": source})
-            for episode in {id(e): e for (e, _), hold in zip(requests, holds) if hold is not None}.values():
-                if self.guard.stops_episode and not episode.done:
-                    episode.fail("guard:held_for_confirmation")
+            for start in range(0, len(live), self.cfg.batch_size):
+                self._turn(live[start : start + self.cfg.batch_size])
         for e in episodes:
             if not e.done:
                 e.fail("turn_limit")
             self._judge(e)
         return episodes
+
+    def _turn(self, live: list[Episode]) -> None:
+        """One turn of `live`: ACT, then the guard and the responder for the calls it made."""
+        calling = self._act(live)
+        requests = [(e, c) for e in calling for c in e.messages[-1]["calls"]]
+        holds = self.guard.screen(requests) if self.guard and requests else [None] * len(requests)
+        run = [r for r, hold in zip(requests, holds) if hold is None]
+        answers = iter(self.responder.respond(run) if run else [])
+        for (episode, call), hold in zip(requests, holds):
+            response = next(answers) if hold is None else hold
+            if episode.done:
+                continue  # an earlier call of this turn already failed
+            if isinstance(response, Failure):
+                episode.fail(f"{self.responder.source}:{response.reason}")
+                continue
+            source = self.responder.source if hold is None else "guard"
+            episode.messages.append({"role": "tool", "name": call["name"], "response": response, "source": source})
+        for episode in {id(e): e for (e, _), hold in zip(requests, holds) if hold is not None}.values():
+            if self.guard.stops_episode and not episode.done:
+                episode.fail("guard:held_for_confirmation")
 
     def _act(self, live: list[Episode]) -> list[Episode]:
         """One ACT turn for every live episode; returns those that made calls."""
