@@ -1,11 +1,11 @@
 """The episode runner: many episodes at once, one policy, one of three responders.
 
 Each turn, every live episode's ACT prompt is generated, `batch_size` episodes at a time;
-the calls ACT made are answered by the responder in one batch — the real backend, the policy itself in the
-REHEARSE role, or a separate frozen simulator model — and appended to the history as if
-the tool had answered. Caps on turns, calls per turn and tokens per generation are
-enforced; a malformed generation or a broken cap is a failed step recorded in the episode
-(`episode.failure`), never an exception.
+the calls ACT made in those episodes are answered by the responder in one batch — the real
+backend, the policy itself in the REHEARSE role, or a separate frozen simulator model — and
+appended to the history as if the tool had answered. Caps on turns, calls per turn and
+tokens per generation are enforced; a malformed generation or a broken cap is a failed step
+recorded in the episode (`episode.failure`), never an exception.
 
 Every episode keeps each generation with the role that produced it, from which the
 token-level ACT / REHEARSE masks are built, the source of each response, and counters:
