@@ -50,7 +50,6 @@ def test_warmup_writes_model_metrics_plots_and_checkpoint(warmed):
     assert model.config.hidden_size == 32 and tok.padding_side == "left"
 
 
-
 def _gate(warmed, monkeypatch, threshold, **gate):
     from envace.config import parse_params
     from envace.stages import rehearsal_gate
@@ -221,6 +220,7 @@ def assert_after_is_measured_on_the_saved_model(root: Path, params_file: Path) -
     after = json.loads((root / "metrics/warmup.json").read_text())["after"]
     assert (after["rehearsal_exact"], after["rehearsal_parse_rate"]) == (acc["exact"], acc["parse_rate"])
     assert after["rehearsal_exact_per_tool"] == {t: r["exact"] for t, r in acc["per_tool"].items()}
+
 
 def kill_at_checkpoint_and_rerun(cmd: list[str], root: Path, checkpoint: str, output: str, resumed: str) -> None:
     """Start `cmd`, kill -9 it as soon as its first checkpoint exists, run it again: it must

@@ -2,7 +2,6 @@
 
 import inspect
 import random
-import re
 
 import pytest
 import torch
@@ -268,7 +267,6 @@ def test_rows_leaving_the_batch_change_no_other_rows_tokens(tiny_model):
     assert len({len(o) for o in together}) > 2  # rows finished at several steps, from several places
 
 
-
 def test_policy_encodes_as_the_tokenizer_does_with_its_memo_kept_small(tokenizer, monkeypatch):
     from envace.roles import Segment, encode
     from envace.rollout import runner
@@ -417,7 +415,6 @@ def test_turn_cap_is_enforced(tokenizer):
         assert e.real_calls == CFG.max_turns
 
 
-
 def test_episodes_take_each_turn_together_in_full_batches(tokenizer):
     """Episodes that end early leave room in the turn's batches for later tasks' live episodes:
     each turn is ceil(live / batch_size) generations, and every episode plays as it would alone."""
@@ -437,6 +434,7 @@ def test_episodes_take_each_turn_together_in_full_batches(tokenizer):
     assert sizes == [n for live in live_per_turn for n in [CFG.batch_size] * (live // CFG.batch_size) + [live % CFG.batch_size] if n]
     alone = [EpisodeRunner(policy, RealResponder(), CFG, temperature=0.0).run([t])[0] for t in tasks]
     assert [(e.messages, e.success) for e in together] == [(e.messages, e.success) for e in alone]
+
 
 def test_real_responder_counts_calls_and_judges_with_state(tokenizer):
     task = next(t for t in _tasks("bank", 6) if t.task_type == "balance_inquiry")
