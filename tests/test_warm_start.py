@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -15,16 +16,20 @@ from envace import warm_start
 from tests.conftest import ROOT
 
 
+def _until(condition, failure: str, seconds: float = 60) -> None:
+    """Wait for `condition()`; fail with `failure` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{failure} within {seconds:.0f} s")
+        time.sleep(0.05)
+
+
 @contextmanager
 def _started(root):
     """A warm server for `root`, as the flow starts one, once it listens (its imports done)."""
     with warm_start.server(str(root)) as env:
-        for _ in range(600):
-            if os.path.exists(env[warm_start.VARIABLE]):
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("the warm server did not listen within 60 s")
+        _until(lambda: os.path.exists(env[warm_start.VARIABLE]), "the warm server did not listen")
         yield env
 
 
@@ -93,11 +98,7 @@ def test_killing_the_command_kills_the_stage(warm):
         child = _ran(proc)["pid"]
         proc.send_signal(sig)
         assert proc.wait(timeout=30) == -sig  # ends as the stage did: by that signal
-        for _ in range(100):
-            if not _alive(child):
-                break
-            time.sleep(0.1)
-        assert not _alive(child), f"the stage outlived its command killed by {sig!r}"
+        _until(lambda: not _alive(child), f"the stage outlived its command killed by {sig!r}", 10)
 
 
 def test_the_stage_dies_with_the_server():
@@ -111,18 +112,15 @@ def test_the_stage_dies_with_the_server():
 
 def test_a_server_whose_flow_is_killed_leaves_nothing_behind():
     """The flow kill -9'd while its server imports: the server goes, and its socket's folder."""
-    script = ("import sys, time\nfrom envace import warm_start\nwith warm_start.server(sys.argv[1]) as env:\n"
-              "    print(env[warm_start.VARIABLE], flush=True)\n    time.sleep(60)\n")
-    flow = subprocess.Popen([sys.executable, "-c", script, str(ROOT)], stdout=subprocess.PIPE, text=True)
+    script = ("import sys\nfrom envace import warm_start\nwith warm_start.server(sys.argv[1]) as env:\n"
+              "    print(env[warm_start.VARIABLE], flush=True)\n    sys.stdin.read()\n")  # until killed
+    flow = subprocess.Popen([sys.executable, "-c", script, str(ROOT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
     folder = os.path.dirname(flow.stdout.readline().strip())
-    time.sleep(2)  # the server has started and is importing
+    _until(lambda: _child_handles_sigterm(flow.pid), "the server did not start")  # and now imports
     flow.kill()
     flow.wait()
-    for _ in range(100):
-        if not os.path.exists(folder):
-            break
-        time.sleep(0.1)
-    assert not os.path.exists(folder)
+    _until(lambda: not os.path.exists(folder), "the socket's folder outlived the flow", 10)
 
 
 @pytest.mark.parametrize("why", ["load-time setting", "import path", "no server"])
@@ -141,6 +139,18 @@ def test_a_command_the_server_cannot_run_as_itself_starts_cold(warm, why, tmp_pa
     assert proc.returncode == 0 and not ran["warm"] and ran["pid"] == proc.pid
     if why != "no server":
         assert "tests.warm_probe: starts cold:" in err
+
+
+def _child_handles_sigterm(parent: int) -> bool:
+    """Whether a child of `parent` has a SIGTERM handler of its own (the server, past its start)."""
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields["PPid"]) == parent and int(fields["SigCgt"], 16) >> (signal.SIGTERM - 1) & 1:
+            return True
+    return False
 
 
 def _alive(pid: int) -> bool:
