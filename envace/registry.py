@@ -276,7 +276,9 @@ def registered_before(client: MlflowClient, model_name: str, tags: dict[str, str
     if any(challenger.tags.get(k) != v for k, v in tags.items()):
         return None
     try:
-        recorded = Registration(**json.loads(Path(client.download_artifacts(challenger.run_id, REGISTRATION)).read_text()))
+        with tempfile.TemporaryDirectory() as folder:  # MLflow's own would stay behind in /tmp
+            recorded = Registration(**json.loads(Path(client.download_artifacts(challenger.run_id, REGISTRATION,
+                                                                                folder)).read_text()))
     except (MlflowException, OSError, TypeError, ValueError):
         return None  # registered by an envace that did not record it
     champion = current_champion(client, model_name)

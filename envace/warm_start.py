@@ -67,8 +67,10 @@ def server(root: str):
 
     folder = tempfile.mkdtemp(prefix="envace-warm-")  # a socket's path must be short (108 bytes)
     path = os.path.join(folder, "socket")
+    # its own process group: a kill -9 of the flow's group leaves it the SIGTERM of its parent's
+    # death, on which it removes the folder (its children still join each command's group)
     proc = subprocess.Popen([sys.executable, "-m", "envace.warm_start", path, str(os.getpid())], cwd=root,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, process_group=0)
     try:
         yield {VARIABLE: path}
     finally:

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -240,12 +241,16 @@ def test_challenger_becomes_champion_only_when_better(tmp_path, prepared_dir, mo
     assert logged.params == {"train.steps": "3", "train.lr": "0.001"}
     example = mlflow.models.Model.load("models:/agent/4").load_input_example()  # the version's input example
     assert json.loads(example["task"][0])["id"] == tasks[0]["id"]
-    params_file = client.download_artifacts(better.run_id, "params.yaml")
+    params_file = client.download_artifacts(better.run_id, "params.yaml", str(tmp_path))
     assert "steps: 3" in Path(params_file).read_text()
-    # the same model, data and params again (a forced rerun): the same registration, no new version
+    # the same model, data and params again (a forced rerun): the same registration, no new version,
+    # and nothing left in the temporary folder (the registration read back from the run)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temporary"))
+    (tmp_path / "temporary").mkdir()
     again = register(model_dir, 0.5, 4, tasks, rollout, "agent", {"data_version": "d4"}, 0,
                      params={"train": {"steps": 3, "lr": 0.001}})
     assert again == better and len(client.search_model_versions("name='agent'")) == 4
+    assert not any((tmp_path / "temporary").iterdir())
     (model_dir / "generation_config.json").write_text("{}")  # other weights or files: a new version
     changed = register(model_dir, 0.5, 4, tasks, rollout, "agent", {"data_version": "d4"}, 0)
     assert changed.version == "5" and changed.champion_version == "4"

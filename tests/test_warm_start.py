@@ -110,15 +110,20 @@ def test_the_stage_dies_with_the_server():
     assert not _alive(child)
 
 
-def test_a_server_whose_flow_is_killed_leaves_nothing_behind():
-    """The flow kill -9'd while its server imports: the server goes, and its socket's folder."""
+@pytest.mark.parametrize("group", [False, True], ids=["the flow", "its process group"])
+def test_a_server_whose_flow_is_killed_leaves_nothing_behind(group):
+    """The flow kill -9'd while its server imports, alone or with its whole process group (as a
+    test or a supervisor kills a run): the server goes, and its socket's folder."""
     script = ("import sys\nfrom envace import warm_start\nwith warm_start.server(sys.argv[1]) as env:\n"
               "    print(env[warm_start.VARIABLE], flush=True)\n    sys.stdin.read()\n")  # until killed
     flow = subprocess.Popen([sys.executable, "-c", script, str(ROOT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+                            text=True, start_new_session=True)
     folder = os.path.dirname(flow.stdout.readline().strip())
     _until(lambda: _child_handles_sigterm(flow.pid), "the server did not start")  # and now imports
-    flow.kill()
+    if group:
+        os.killpg(flow.pid, signal.SIGKILL)
+    else:
+        flow.kill()
     flow.wait()
     _until(lambda: not os.path.exists(folder), "the socket's folder outlived the flow", 10)
 
