@@ -35,3 +35,23 @@ def flush_denormals() -> None:
     import torch
 
     torch.set_flush_denormal(True)
+
+
+def finish(code: int) -> None:
+    """End the process as the interpreter would, less its own teardown: other threads joined,
+    exit handlers run (MLflow's, logging's), the standard streams flushed, then `os._exit`.
+    The teardown this skips only frees memory the OS takes back anyway, and with torch,
+    transformers, Lightning, MLflow and Great Expectations loaded it takes 1.3-1.7 s: as long
+    as a small stage's own work."""
+    import atexit
+    import sys
+    import threading
+
+    threading._shutdown()  # what the interpreter does first: stop executors' workers, join threads
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -32,6 +32,8 @@ import sys
 import threading
 from contextlib import contextmanager
 
+import envace
+
 VARIABLE = "ENVACE_WARM_SERVER"
 PRELOAD = (  # what the model stages import, heaviest first; a stage module itself stays out (runpy runs it)
     "torch", "transformers", "transformers.models.llama.modeling_llama", "lightning.pytorch", "mlflow",
@@ -257,8 +259,6 @@ def _child(conn: socket.socket, request: dict, fds: list[int], set_by_imports: d
         os.environ.update({**set_by_imports, **request["env"]})
         del os.environ[VARIABLE]  # its own children start cold
         os.sched_setaffinity(0, request["cpus"])
-        import envace
-
         envace.CORES_ALLOWED = len(request["cpus"])
         sys.argv = list(request["argv"])
         code = _run_module(request["module"])
@@ -267,7 +267,7 @@ def _child(conn: socket.socket, request: dict, fds: list[int], set_by_imports: d
 
         traceback.print_exc()
     finally:
-        _finish(code)
+        envace.finish(code)
 
 
 def _run_module(module: str) -> int:
@@ -292,23 +292,6 @@ def _run_module(module: str) -> int:
 
         traceback.print_exc()
         return 1
-
-
-def _finish(code: int) -> None:
-    """End as the interpreter would: other threads joined, exit handlers run, streams flushed."""
-    import atexit
-
-    main = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 def _exit_when_closed(conn: socket.socket) -> None:

@@ -20,7 +20,9 @@ class StageFailed(RuntimeError):
 
 
 def main(name: str, run: Callable, variants: tuple[str, ...] = ()) -> None:
-    from envace import warm_start
+    """Run stage `name` as its command: parse the arguments, run it, print what it wrote; end
+    the process (`envace.finish`: the interpreter's teardown of the loaded libraries is skipped)."""
+    from envace import finish, warm_start
 
     status = warm_start.run_in_server()  # under the flow: run by its warm server, imports done
     if status is not None:
@@ -57,8 +59,9 @@ def main(name: str, run: Callable, variants: tuple[str, ...] = ()) -> None:
         if not isinstance(err, explained):
             raise
         print(f"{name}: {err}", file=sys.stderr)
-        sys.exit(1)
+        finish(1)
     print(f"{name}: done in {time.perf_counter() - start:.1f}s -> {', '.join(map(str, outputs.values()))}")
+    finish(0)
 
 
 def remove_stale_outputs(stage: str, variant: str | None, keep: list) -> None:
