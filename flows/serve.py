@@ -109,8 +109,14 @@ def serve(root: Path, only: str | None = None) -> int:
             log = open(root / ".prefect" / f"serve-{part}.log", "ab") if part != "worker" and only is None else None
             children[part] = subprocess.Popen(cmd, cwd=CODE_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
                                               start_new_session=True, preexec_fn=_die_with_parent)
+        # the parts start at once, each on its own (the worker waits for both servers itself): on a
+        # fresh project the Prefect server's database migrations alone take ~10 s
+        for part, proc in children.items():
             if part in HEALTH:
-                wait_healthy(HEALTH[part].format(**s), children[part])
+                try:
+                    wait_healthy(HEALTH[part].format(**s), proc)
+                except ServeError as err:
+                    raise ServeError(f"{part}: {err}") from None
                 print(f"envace serve: {part} ready at {HEALTH[part].format(**s).rsplit('/', 1)[0]}", flush=True)
         print(f"envace serve: Prefect UI {s['prefect_api'][:-4]} · MLflow UI {s['mlflow_uri']} · deployment "
               f"envace/{DEPLOYMENT} (cron '{cron}') — Ctrl-C stops everything", flush=True)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -43,9 +45,11 @@ class Service:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"envace serve exited early:\n{self.logs()}"
-            if self.prefect("deployment", "inspect", "envace/full-pipeline").returncode == 0:
-                return
-            time.sleep(2)
+            try:  # the API itself, asked often: a `prefect` command takes seconds to start
+                with urllib.request.urlopen(f"{self.api}/deployments/name/envace/full-pipeline", timeout=5):
+                    return
+            except OSError:  # not listening yet, or 404: not deployed yet
+                time.sleep(0.1)
         raise AssertionError(f"deployment envace/full-pipeline never appeared:\n{self.logs()}")
 
     def prefect(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -183,6 +187,32 @@ def test_served_deployment_runs_the_pipeline_registers_and_survives_a_kill(tmp_p
         assert done.returncode == 0, done.stdout[-3000:]
     finally:
         service.stop()
+
+
+def test_serve_whose_prefect_server_cannot_start_says_so_and_leaves_nothing_running(tmp_path):
+    """The three parts start together; one that fails stops the others, and one line names it."""
+    project = make_project(tmp_path / "project", dvc=False)
+    service = Service(project)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", service.prefect_port))
+        taken.listen()
+        out = subprocess.run([sys.executable, "-m", "envace.cli", "serve", "--project-dir", str(project)], cwd=ROOT,
+                             env=service.env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 1
+    assert re.search(rf"envace serve: prefect: exited with code \d+ before .*:{service.prefect_port}/api/health answered; "
+                     "stopping everything", out.stderr), out.stderr[-2000:]
+    # the MLflow server and the worker, started beside it, were stopped
+    assert not [cmd for cmd in _command_lines() if str(project) in cmd or f"--port {service.mlflow_port}" in cmd]
+
+
+def _command_lines() -> list[str]:
+    lines = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            lines.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:  # gone meanwhile
+            pass
+    return lines
 
 
 def test_serve_refuses_a_bad_cron_naming_it(tmp_path):
