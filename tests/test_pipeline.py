@@ -149,7 +149,7 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
     assert {"warmup.json", "warmup_steps.png", "warmup_epochs.png"} <= drawn  # and its curves as PNGs
     on_parent = {a.path for a in mlflow.MlflowClient().list_artifacts(parents[0].info.run_id, "data_docs")}
     assert {"data_docs/index.html", "data_docs/gates.html"} <= on_parent  # the gates' Data Docs, logged
-    stages_md = mlflow.MlflowClient().download_artifacts(parents[0].info.run_id, "stages.md")
+    stages_md = mlflow.MlflowClient().download_artifacts(parents[0].info.run_id, "stages.md", str(tmp_path))
     assert all(c.info.run_id in Path(stages_md).read_text() for c in children.values())
 
     # nothing changed: everything is up to date, and `dvc repro` agrees
