@@ -113,11 +113,12 @@ def serve(root: Path, only: str | None = None) -> int:
         # fresh project the Prefect server's database migrations alone take ~10 s
         for part, proc in children.items():
             if part in HEALTH:
+                url = HEALTH[part].format(**s)
                 try:
-                    wait_healthy(HEALTH[part].format(**s), proc)
+                    wait_healthy(url, proc)
                 except ServeError as err:
                     raise ServeError(f"{part}: {err}") from None
-                print(f"envace serve: {part} ready at {HEALTH[part].format(**s).rsplit('/', 1)[0]}", flush=True)
+                print(f"envace serve: {part} ready at {url.rsplit('/', 1)[0]}", flush=True)
         print(f"envace serve: Prefect UI {s['prefect_api'][:-4]} · MLflow UI {s['mlflow_uri']} · deployment "
               f"envace/{DEPLOYMENT} (cron '{cron}') — Ctrl-C stops everything", flush=True)
         while True:
