@@ -6,8 +6,9 @@ queues one DVC experiment per seed (`dvc exp run --queue -S model.seed=S -S warm
 -S train.seed=S summary`: the data stays the same, the model's initialisation, warmup's
 batch order and GRPO's sampling change; `--vary train.seed` varies GRPO's alone, so every
 seed shares one warmup and costs only the RL stages), runs the queue (`dvc exp run
---run-all`, one at a time), reads each experiment's `metrics/eval.json` from its git commit
-and writes:
+--run-all`, one at a time, each stage forked from one warm server as the flow's are: DVC runs an
+experiment in a copy of the project, whose code the server checks is its own), reads each
+experiment's `metrics/eval.json` from its git commit and writes:
 
 - `metrics/seeds.json`: {"seeds", "varied", "tasks", "failed": {seed: reason},
   "variants": {name: {"mean", "min", "max", "seeds": [success per seed], "ci_low", "ci_high", "n"}}}
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from statistics import mean
 
+from envace import warm_start
 from envace.evaluate import wilson
 from envace.io import write_json, write_text
 from envace.paths import EVAL_METRICS
@@ -56,7 +59,9 @@ def run_experiments(seeds: list[int], varied: list[str]) -> None:
         dvc("exp", "run", "--queue", "-n", name(seed), *overrides, "summary")
         print(f"seeds: queued {name(seed)} ({', '.join(f'{k}={seed}' for k in varied)})", flush=True)
     print(f"seeds: running {len(seeds)} experiment(s) one at a time (`dvc queue status` shows progress)", flush=True)
-    subprocess.run([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "-j", "1"], check=False)
+    with warm_start.server(os.getcwd()) as warm:  # DVC's queue worker inherits the environment
+        subprocess.run([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "-j", "1"], check=False,
+                       env={**os.environ, **warm})
 
 
 def experiment_revs(seeds: list[int]) -> dict[int, str | None]:

@@ -15,7 +15,10 @@ The child is the command's stand-in: it joins the command's process group (a Ctr
 killed group reaches it), takes a SIGTERM sent to the command, kills itself when the command
 dies (the socket between them closes) and dies with the server, which dies with the flow.
 A child never hands a command of its own to the server: its own subprocesses (Lightning's
-ranks) start cold. A command whose environment differs from the server's in what the
+ranks) start cold. A command from another folder (a DVC experiment's copy of the project, as
+`make seeds` runs them) is served when only that folder differs in its import path and the
+`envace` package it would import is byte for byte the server's; another copy of the code
+starts cold. A command whose environment differs from the server's in what the
 libraries read as they load (OpenMP's and MKL's settings, torch's, Hugging Face's, CUDA's)
 runs cold too, and so does every stage on a machine with a GPU, which may not be forked once
 CUDA is initialised (and whose stages dwarf their imports).
@@ -24,6 +27,7 @@ CUDA is initialised (and whose stages dwarf their imports).
 from __future__ import annotations
 
 import array
+import hashlib
 import json
 import os
 import signal
@@ -31,6 +35,7 @@ import socket
 import sys
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 
 import envace
 
@@ -171,7 +176,8 @@ def serve(path: str, parent: int) -> None:
         except Exception as err:  # only a head start is lost: the stage imports it itself
             print(f"warm server: {name} not preloaded ({type(err).__name__}: {err})", file=sys.stderr, flush=True)
     # what a command must share with the server to be run by it
-    same = {"executable": sys.executable, "path": import_path, "env": _load_time_env(before)}
+    same = {"executable": sys.executable, "path": import_path, "env": _load_time_env(before),
+            "code": code_digest(Path(envace.__file__).parent)}
     # what the imports set for themselves (Lightning: PYTORCH_NVML_BASED_CUDA_CHECK), as a cold stage's would
     set_by_imports = {k: v for k, v in os.environ.items() if before.get(k) != v}
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -216,13 +222,38 @@ def _handle(conn: socket.socket, listener: socket.socket, same: dict, set_by_imp
 
 def _differs(request: dict, same: dict) -> str:
     """Why the server cannot run this command as the command would ('' when it can): another
-    interpreter, another import path (another copy of the code), or other load-time settings."""
+    interpreter, another import path, another copy of the code, or other load-time settings.
+    The command's own folder (first on its import path) may differ from the server's when the
+    `envace` it finds there is byte for byte the one the server imported: a copy of the project
+    (the preloaded libraries come from the rest of the path, which must be the same)."""
     if request["executable"] != same["executable"]:
         return f"another interpreter ({request['executable']})"
-    if request["path"] != same["path"]:
+    if request["path"][1:] != same["path"][1:]:
         return "another import path"
+    if request["path"][0] != same["path"][0]:
+        package = _package_on(request["path"], request["cwd"])
+        if package is None or code_digest(package) != same["code"]:
+            return f"another copy of the code ({package or 'envace not found'})"
     env = sorted(set(_load_time_env(request["env"]).items()) ^ set(same["env"].items()))
     return f"{env[0][0]} differs from the server's" if env else ""
+
+
+def code_digest(package: Path) -> str:
+    """md5 over every file of a package folder, its relative path and bytes (caches aside)."""
+    digest = hashlib.md5()
+    for f in sorted(package.rglob("*")):
+        if f.is_file() and "__pycache__" not in f.parts:
+            digest.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _package_on(path: list[str], cwd: str) -> Path | None:
+    """The `envace` folder an interpreter with this import path would import."""
+    for entry in path:
+        folder = Path(cwd, entry) / "envace"
+        if (folder / "__init__.py").is_file():
+            return folder
+    return None
 
 
 def _joined(pid: int, pgid: int) -> bool:
@@ -260,7 +291,7 @@ def _child(conn: socket.socket, request: dict, fds: list[int], set_by_imports: d
         del os.environ[VARIABLE]  # its own children start cold
         os.sched_setaffinity(0, request["cpus"])
         envace.CORES_ALLOWED = len(request["cpus"])
-        sys.argv = list(request["argv"])
+        sys.argv, sys.path[:] = list(request["argv"]), request["path"]  # what it does not find imported: from its folder
         code = _run_module(request["module"])
     except BaseException:  # noqa: BLE001 - reported as Python would, then the status
         import traceback

@@ -36,7 +36,8 @@ def test_the_summary_pools_every_seed_and_names_the_failed_ones():
 def test_make_seeds_runs_one_dvc_experiment_per_seed(tmp_path):
     """Two seeds of the tiny profile as real DVC experiments (a git repository), each to
     `evaluate` and `summary`; the report reads each experiment's own metrics, and `dvc exp show`
-    shows each experiment's own headline (the workspace never ran: nothing to carry over)."""
+    shows each experiment's own headline (the workspace never ran: nothing to carry over). The
+    experiments' copies of the project hold its code: the warm server refuses none of their stages."""
     project = make_project(tmp_path / "proj", dvc=False)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     git = lambda *a: subprocess.run(["git", *a], cwd=project, check=True, capture_output=True, env=env)  # noqa: E731
@@ -50,6 +51,7 @@ def test_make_seeds_runs_one_dvc_experiment_per_seed(tmp_path):
     out = subprocess.run([sys.executable, "-m", "envace.seeds", "--seeds", "0", "1"], cwd=project, env=env,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Running stage 'warmup'" in out.stdout + out.stderr and "starts cold" not in out.stdout + out.stderr
     s = json.loads((project / "metrics/seeds.json").read_text())
     assert s["seeds"] == [0, 1] and s["failed"] == {}
     assert set(s["variants"]) == {"sft", "envace", "real_env", "simulator"}

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -144,6 +145,27 @@ def test_a_command_the_server_cannot_run_as_itself_starts_cold(warm, why, tmp_pa
     assert proc.returncode == 0 and not ran["warm"] and ran["pid"] == proc.pid
     if why != "no server":
         assert "tests.warm_probe: starts cold:" in err
+
+
+@pytest.mark.parametrize("code", ["the same", "edited"])
+def test_a_command_from_a_copy_of_the_project_runs_warm_only_when_its_code_is_the_servers(warm, code, tmp_path):
+    """DVC runs an experiment's stages in a copy of the project (`make seeds`): the server takes
+    a command from there when the envace it would import is byte for byte the server's, and runs
+    what is not imported yet from the copy; a copy with other code starts cold, naming it."""
+    copy = tmp_path / "experiment"
+    shutil.copytree(ROOT / "envace", copy / "envace", ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "tests").mkdir()
+    for name in ("__init__.py", "warm_probe.py"):
+        shutil.copy(ROOT / "tests" / name, copy / "tests" / name)
+    if code == "edited":
+        (copy / "envace/act.py").write_text((copy / "envace/act.py").read_text() + "\n# edited\n")
+    proc = _probe(warm, "--exit", "0", cwd=copy)
+    out, err = proc.communicate(timeout=120)
+    ran = json.loads(out)
+    assert proc.returncode == 0 and ran["file"] == str(copy / "tests/warm_probe.py")
+    assert ran["warm"] == (code == "the same") and (ran["pid"] != proc.pid) == ran["warm"]
+    if code == "edited":
+        assert f"tests.warm_probe: starts cold: another copy of the code ({copy / 'envace'})" in err
 
 
 def _child_handles_sigterm(parent: int) -> bool:

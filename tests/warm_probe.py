@@ -14,7 +14,8 @@ if __name__ == "__main__":
         sys.exit(status)
     args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
     print(json.dumps({"pid": os.getpid(), "pgid": os.getpgrp(), "warm": "torch" in sys.modules, "argv": sys.argv[1:],
-                      "server": os.environ.get(warm_start.VARIABLE), "probe": os.environ.get("PROBE")}), flush=True)
+                      "server": os.environ.get(warm_start.VARIABLE), "probe": os.environ.get("PROBE"),
+                      "file": __file__}), flush=True)
     print("probe: to stderr", file=sys.stderr, flush=True)
     time.sleep(float(args.get("--sleep", 0)))
     sys.exit(int(args.get("--exit", 0)))
