@@ -125,7 +125,7 @@ def test_flow_runs_stages_through_dvc_and_tracks_everything(tmp_path, prefect_ap
 
     logged = {a.path for a in mlflow.MlflowClient().list_artifacts(rehearse_run.info.run_id)}
     assert {"rehearse.md", "rehearse_budget.png"} <= logged
-    traces = mlflow.search_traces(experiment_ids=[rehearse_run.info.experiment_id], run_id=rehearse_run.info.run_id,
+    traces = mlflow.search_traces(locations=[rehearse_run.info.experiment_id], run_id=rehearse_run.info.run_id,
                                   return_type="list")
     assert len(traces) == 6 and all(t.data.spans[0].name.startswith("episode ") for t in traces)
     # the agent registered: first version, so champion and challenger; the comparison published
