@@ -18,7 +18,8 @@ A child never hands a command of its own to the server: its own subprocesses (Li
 ranks) start cold. A command from another folder (a DVC experiment's copy of the project, as
 `make seeds` runs them) is served when only that folder differs in its import path and the
 `envace` package it would import is byte for byte the server's; another copy of the code
-starts cold. A command whose environment differs from the server's in what the
+starts cold, and so does any command once the code has been edited since the server imported
+it (a stage never runs half old, half new code). A command whose environment differs from the server's in what the
 libraries read as they load (OpenMP's and MKL's settings, torch's, Hugging Face's, CUDA's)
 runs cold too, and so does every stage on a machine with a GPU, which may not be forked once
 CUDA is initialised (and whose stages dwarf their imports).
@@ -176,8 +177,9 @@ def serve(path: str, parent: int) -> None:
         except Exception as err:  # only a head start is lost: the stage imports it itself
             print(f"warm server: {name} not preloaded ({type(err).__name__}: {err})", file=sys.stderr, flush=True)
     # what a command must share with the server to be run by it
+    package = Path(envace.__file__).parent
     same = {"executable": sys.executable, "path": import_path, "env": _load_time_env(before),
-            "code": code_digest(Path(envace.__file__).parent)}
+            "package": package, "code": code_digest(package)}
     # what the imports set for themselves (Lightning: PYTORCH_NVML_BASED_CUDA_CHECK), as a cold stage's would
     set_by_imports = {k: v for k, v in os.environ.items() if before.get(k) != v}
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -222,18 +224,22 @@ def _handle(conn: socket.socket, listener: socket.socket, same: dict, set_by_imp
 
 def _differs(request: dict, same: dict) -> str:
     """Why the server cannot run this command as the command would ('' when it can): another
-    interpreter, another import path, another copy of the code, or other load-time settings.
-    The command's own folder (first on its import path) may differ from the server's when the
-    `envace` it finds there is byte for byte the one the server imported: a copy of the project
-    (the preloaded libraries come from the rest of the path, which must be the same)."""
+    interpreter, another import path, other code, or other load-time settings. The command's
+    own folder (first on its import path) may differ from the server's: a copy of the project
+    (the preloaded libraries come from the rest of the path, which must be the same). Either way
+    the `envace` it would import, and the server's own, must still be byte for byte what the
+    server imported: code edited since then starts cold, not half old and half new."""
     if request["executable"] != same["executable"]:
         return f"another interpreter ({request['executable']})"
     if request["path"][1:] != same["path"][1:]:
         return "another import path"
-    if request["path"][0] != same["path"][0]:
-        package = _package_on(request["path"], request["cwd"])
-        if package is None or code_digest(package) != same["code"]:
-            return f"another copy of the code ({package or 'envace not found'})"
+    package = _package_on(request["path"], request["cwd"])
+    if package is None or code_digest(package) != same["code"]:
+        changed = package is not None and package.resolve() == same["package"].resolve()
+        return "its code changed since the server imported it" if changed else \
+            f"another copy of the code ({package or 'no envace on its import path'})"
+    if package.resolve() != same["package"].resolve() and code_digest(same["package"]) != same["code"]:
+        return "the server's code changed since it imported it"
     env = sorted(set(_load_time_env(request["env"]).items()) ^ set(same["env"].items()))
     return f"{env[0][0]} differs from the server's" if env else ""
 

@@ -168,6 +168,21 @@ def test_a_command_from_a_copy_of_the_project_runs_warm_only_when_its_code_is_th
         assert f"tests.warm_probe: starts cold: another copy of the code ({copy / 'envace'})" in err
 
 
+def test_code_edited_after_the_server_started_runs_cold(tmp_path):
+    """The server imported the code once: a stage after an edit (mid-run) must not run the old
+    preloaded modules beside the edited ones, so it starts cold, saying why."""
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "envace", project / "envace", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "tests", project / "tests", ignore=shutil.ignore_patterns("__pycache__", "test_*"))
+    with _started(project) as env:
+        before = _probe(env, cwd=project)
+        assert json.loads(before.communicate(timeout=120)[0])["warm"]
+        (project / "envace/act.py").write_text((project / "envace/act.py").read_text() + "\n# edited\n")
+        after = _probe(env, cwd=project)
+        out, err = after.communicate(timeout=120)
+    assert not json.loads(out)["warm"] and "tests.warm_probe: starts cold: its code changed since the server imported it" in err
+
+
 def _child_handles_sigterm(parent: int) -> bool:
     """Whether a child of `parent` has a SIGTERM handler of its own (the server, past its start)."""
     for status in Path("/proc").glob("[0-9]*/status"):
