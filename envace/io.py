@@ -9,6 +9,7 @@ is removed by the next write of the same destination.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -175,3 +176,12 @@ def write_csv(path: str | Path, rows: list[dict], fields: list[str] | None = Non
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
+
+
+def folder_digest(folder: str | Path) -> str:
+    """sha256 over the relative path and bytes of every file in `folder` (Python's caches aside)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(path.relative_to(folder).as_posix().encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()

@@ -15,7 +15,6 @@ Like `envace.tracking`, this module imports MLflow; the rest of the library does
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from envace.evaluate import rate
+from envace.io import folder_digest
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 REAL_CALLS = "real_env_calls_train"  # version tag: the promotion suite compares it
@@ -210,7 +210,7 @@ def register(model_dir: Path, success: float, scored: int, tasks: list[dict], co
     from envace.gates.promotion import checks, comparison
 
     client = MlflowClient()
-    tags = tags | {REAL_CALLS: str(real_calls), WEIGHTS: digest(model_dir)}
+    tags = tags | {REAL_CALLS: str(real_calls), WEIGHTS: folder_digest(model_dir)}
     previous = registered_before(client, model_name, tags | {"success": str(success)})
     if previous is not None:
         print(f"register: {model_name} v{previous.version} already is this model (same weights, data, params and "
@@ -255,15 +255,6 @@ def register(model_dir: Path, success: float, scored: int, tasks: list[dict], co
         client.set_model_version_tag(model_name, version, key, "" if value is None else str(value))
     client.log_dict(run_id, result.to_dict(), REGISTRATION)
     return result
-
-
-def digest(model_dir: Path) -> str:
-    """sha256 over the names and bytes of every file in `model_dir`."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in Path(model_dir).rglob("*") if p.is_file()):
-        h.update(path.relative_to(model_dir).as_posix().encode() + b"\0")
-        h.update(path.read_bytes())
-    return h.hexdigest()
 
 
 def registered_before(client: MlflowClient, model_name: str, tags: dict[str, str]) -> Registration | None:

@@ -28,7 +28,6 @@ CUDA is initialised (and whose stages dwarf their imports).
 from __future__ import annotations
 
 import array
-import hashlib
 import json
 import os
 import signal
@@ -39,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import envace
+from envace.io import folder_digest
 
 VARIABLE = "ENVACE_WARM_SERVER"
 PRELOAD = (  # what the model stages import, heaviest first; a stage module itself stays out (runpy runs it)
@@ -179,7 +179,7 @@ def serve(path: str, parent: int) -> None:
     # what a command must share with the server to be run by it
     package = Path(envace.__file__).parent
     same = {"executable": sys.executable, "path": import_path, "env": _load_time_env(before),
-            "package": package, "code": code_digest(package)}
+            "package": package, "code": folder_digest(package)}
     # what the imports set for themselves (Lightning: PYTORCH_NVML_BASED_CUDA_CHECK), as a cold stage's would
     set_by_imports = {k: v for k, v in os.environ.items() if before.get(k) != v}
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -234,23 +234,14 @@ def _differs(request: dict, same: dict) -> str:
     if request["path"][1:] != same["path"][1:]:
         return "another import path"
     package = _package_on(request["path"], request["cwd"])
-    if package is None or code_digest(package) != same["code"]:
-        changed = package is not None and package.resolve() == same["package"].resolve()
-        return "its code changed since the server imported it" if changed else \
+    own = package is not None and package.resolve() == same["package"].resolve()
+    if package is None or folder_digest(package) != same["code"]:
+        return "its code changed since the server imported it" if own else \
             f"another copy of the code ({package or 'no envace on its import path'})"
-    if package.resolve() != same["package"].resolve() and code_digest(same["package"]) != same["code"]:
+    if not own and folder_digest(same["package"]) != same["code"]:
         return "the server's code changed since it imported it"
     env = sorted(set(_load_time_env(request["env"]).items()) ^ set(same["env"].items()))
     return f"{env[0][0]} differs from the server's" if env else ""
-
-
-def code_digest(package: Path) -> str:
-    """md5 over every file of a package folder, its relative path and bytes (caches aside)."""
-    digest = hashlib.md5()
-    for f in sorted(package.rglob("*")):
-        if f.is_file() and "__pycache__" not in f.parts:
-            digest.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-    return digest.hexdigest()
 
 
 def _package_on(path: list[str], cwd: str) -> Path | None:
