@@ -49,7 +49,7 @@ def play(module, tasks, streams, lean: bool) -> tuple[list, dict]:
     lean_decoding.LeanDecoder.step = timed(seconds, "decode steps", originals[4])
     try:
         start = time.perf_counter()
-        episodes = module.play(tasks, streams)
+        episodes, _ = module.play(tasks, streams)
         seconds["play"] = time.perf_counter() - start
     finally:
         runner.generate = originals[0]

@@ -252,7 +252,8 @@ class TrainConfig(Section):
     temperature: float = Field(1.0, gt=0)
     memory_rate: float = Field(0.5, ge=0, le=1)
     """`envace` only: share of task groups that train ACT with a rehearsal memory (half the
-    group rehearses privately without facts, the other half reads their memory; 0 = off)."""
+    group rehearses privately without facts, the other half reads their memory and is the
+    half learned from; 0 = off)."""
     memory_examples: int = Field(6000, ge=0)
     """Every RL variant: successful logged examples of ACT's supervised start before GRPO, two
     in three with a rehearsal memory (`envace.train.memory`; 0 = none: GRPO alone)."""

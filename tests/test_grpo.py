@@ -112,7 +112,8 @@ def test_a_training_step_per_variant_moves_the_weights_by_its_rewards(tokenizer,
 
     def trained(rewards: list[float]):
         monkeypatch.setattr(grpo, "rewards_of", lambda episodes, weight: torch.tensor(rewards[: len(episodes)]))
-        module = _module(tokenizer, variant, max_new_tokens=24, kl_coef=0.1, leak_coef=0.0)
+        # no memory groups: a group of 2 keeps 1 learned episode there, with no advantage
+        module = _module(tokenizer, variant, max_new_tokens=24, kl_coef=0.1, leak_coef=0.0, memory_rate=0.0)
         _call_first(module.policy)
         _train(module, steps=1)
         return module
@@ -127,6 +128,21 @@ def test_a_training_step_per_variant_moves_the_weights_by_its_rewards(tokenizer,
         assert varied.real_calls > 0 and varied.history[0]["real_calls"] > 0
     else:
         assert varied.real_calls == 0  # the RL loop never touches the environment
+
+
+def test_private_rehearsals_are_not_learned_from(tokenizer, monkeypatch):
+    """In a memory group only the episodes that read the memory are learned from: rewards
+    that differ between the private rehearsals and the readers give no advantage."""
+    import envace.train.grpo as grpo
+
+    monkeypatch.setattr(grpo, "rewards_of", lambda episodes, weight: torch.tensor([float(e.memory is None)
+                                                                                   for e in episodes]))
+    module = _module(tokenizer, "envace", max_new_tokens=24, memory_rate=1.0, group_size=4)
+    _call_first(module.policy)
+    _train(module, steps=1)
+    assert module.history[0]["adv_act_abs"] == 0 and module.history[0]["adv_rehearse_abs"] == 0
+    assert module.history[0]["reward"] == 0  # the telemetry is the learned episodes'
+    assert module.tokens_per_s[0] > 0
 
 
 def _call_first(policy) -> None:
@@ -240,8 +256,9 @@ def test_memory_groups_rehearse_privately_then_read_their_memory(tokenizer):
 
     module = _module(tokenizer, "envace", memory_rate=1.0, group_size=4)
     tasks, _, streams = module.sample_tasks(0)
-    episodes = module.play(tasks, streams)
+    episodes, learned = module.play(tasks, streams)
     assert [e.task.id for e in episodes] == [t.id for t in tasks]  # in the step's order
+    assert learned == [i % 4 >= 2 for i in range(len(tasks))]  # a private rehearsal only makes the memory
     for g in range(0, len(tasks), 4):
         scouts, readers = episodes[g:g + 2], episodes[g + 2:g + 4]
         assert all(e.memory is None for e in scouts) and all(r.memory == condense(scouts, 2) for r in readers)
@@ -250,3 +267,4 @@ def test_memory_groups_rehearse_privately_then_read_their_memory(tokenizer):
     drawn = [g for g in range(0, len(tasks), 4) if episodes[g + 2].memory is not None]
     off = _module(tokenizer, "envace", memory_rate=0.0, group_size=4)
     assert off.scouts is None and len(drawn) == len(tasks) // 4
+    assert off.play(tasks, streams)[1] == [True] * len(tasks)

@@ -15,8 +15,10 @@ variants differ only in who answers the calls:
 `envace` also trains ACT to use a rehearsal memory (test-time private rehearsal,
 `envace.rehearsal`): in a group drawn with probability `train.memory_rate`, the first half
 of the episodes rehearse without privileged facts (as at test time) and the second half
-play with a memory of them; all of them share the group's baseline, so the memory is
-worth reading exactly when it makes the episode succeed more often.
+play with a memory of them. Only the second half is learned from, against its own
+baseline: a private rehearsal makes the memory and nothing else. Judged like a real
+episode, it taught the wrong lesson: its lookups are rehearsed without facts, so they
+are guesses, and checking before an irreversible call looked useless.
 
 Memory and scale: the loss is a weighted sum over tokens (`losses.token_weights`), so the
 backward runs chunk by chunk (`train.chunk_rows` rows at a time) and peak memory is one
@@ -173,8 +175,11 @@ class GRPOModule(L.LightningModule):
         self.refresh()
         self.policy.model.eval()
         with torch.no_grad():
-            episodes = self.play(tasks, streams)
+            episodes, learned = self.play(tasks, streams)
         gen_s = time.perf_counter() - start
+        generated = sum(sum(e.tokens.values()) for e in episodes)  # the private rehearsals' too
+        keep = [i for i, judged in enumerate(learned) if judged]
+        episodes, task_of = [episodes[i] for i in keep], task_of[keep]
         rewards = rewards_of(episodes, self.cfg.process_reward)
         rows, episode_of = generation_rows(episodes)
         counts = role_token_counts(rows, episode_of, len(episodes))
@@ -198,16 +203,17 @@ class GRPOModule(L.LightningModule):
             else:
                 self.clip_gradients(opt, gradient_clip_val=self.cfg.grad_clip, gradient_clip_algorithm="norm")
             opt.step()
-        self._record(step, episodes, rewards, advantages, parts, gen_s)
+        self._record(step, episodes, rewards, advantages, parts, gen_s, generated)
 
     MEMORY = 2  # salt: whether a group trains with a rehearsal memory
 
-    def play(self, tasks: list[Task], streams: list[int]) -> list[Episode]:
-        """The step's episodes, in order. A group drawn for memory training (by its first
-        episode's stream: the same on any rank) plays its first half as private rehearsals
-        and its second half with their memory."""
+    def play(self, tasks: list[Task], streams: list[int]) -> tuple[list[Episode], list[bool]]:
+        """The step's episodes, in order, and whether each is learned from. A group drawn
+        for memory training (by its first episode's stream: the same on any rank) plays its
+        first half as private rehearsals, not learned from, and its second half with their
+        memory."""
         if self.scouts is None:
-            return self.runner.run(tasks, streams)
+            return self.runner.run(tasks, streams), [True] * len(tasks)
         G = self.cfg.group_size
         drawn = {i // G for i in range(0, len(tasks), G) if unit(streams[i], self.MEMORY) < self.cfg.memory_rate}
         scout_ids = [i for i in range(len(tasks)) if i // G in drawn and i % G < G // 2]
@@ -216,16 +222,17 @@ class GRPOModule(L.LightningModule):
         memories = [condense([scouted[j] for j in range(i - i % G, i - i % G + G // 2)], self.memory_episodes)
                     if i // G in drawn else None for i in rest]
         played = dict(zip(rest, self.runner.run([tasks[i] for i in rest], [streams[i] for i in rest], memories)))
-        return [scouted.get(i) or played[i] for i in range(len(tasks))]
+        return [scouted.get(i) or played[i] for i in range(len(tasks))], [i not in scouted for i in range(len(tasks))]
 
-    def _record(self, step, episodes, rewards, advantages, parts, gen_s) -> None:
-        """Telemetry of the step over all ranks' episodes (sums gathered, then ratios)."""
+    def _record(self, step, episodes, rewards, advantages, parts, gen_s, generated) -> None:
+        """Telemetry of the step over all ranks' learned episodes (sums gathered, then ratios);
+        `generated`: every token the step generated, private rehearsals included."""
         act_texts = [self.policy.decode(g.output_ids) for e in episodes for g in e.generations if g.role == ACT]
         sums = self._sum(torch.tensor([
             float(len(episodes)), float(rewards.sum()), float(sum(e.success for e in episodes)),
             float(advantages[ACT_ID].abs().sum()), float(advantages[REHEARSE_ID].abs().sum()),
             float(len(act_texts)), float(sum(leaked(t, self.leak_set) for t in act_texts)),
-            float(sum(e.real_calls for e in episodes)), float(sum(sum(e.tokens.values()) for e in episodes)),
+            float(sum(e.real_calls for e in episodes)), float(generated),
             float(parts["kl"]), float(parts["clipped"]), float(parts["tokens"]), float(parts["loss"]),
         ], dtype=torch.float64))
         n, reward, success, adv_act, adv_reh, acts, leaks, real, generated, kl, clipped, tokens, loss = sums.tolist()
