@@ -175,11 +175,10 @@ class GRPOModule(L.LightningModule):
         self.refresh()
         self.policy.model.eval()
         with torch.no_grad():
-            episodes, learned = self.play(tasks, streams)
+            played, learned = self.play(tasks, streams)
         gen_s = time.perf_counter() - start
-        generated = sum(sum(e.tokens.values()) for e in episodes)  # the private rehearsals' too
         keep = [i for i, judged in enumerate(learned) if judged]
-        episodes, task_of = [episodes[i] for i in keep], task_of[keep]
+        episodes, task_of = [played[i] for i in keep], task_of[keep]
         rewards = rewards_of(episodes, self.cfg.process_reward)
         rows, episode_of = generation_rows(episodes)
         counts = role_token_counts(rows, episode_of, len(episodes))
@@ -203,7 +202,7 @@ class GRPOModule(L.LightningModule):
             else:
                 self.clip_gradients(opt, gradient_clip_val=self.cfg.grad_clip, gradient_clip_algorithm="norm")
             opt.step()
-        self._record(step, episodes, rewards, advantages, parts, gen_s, generated)
+        self._record(step, episodes, rewards, advantages, parts, gen_s, played)
 
     MEMORY = 2  # salt: whether a group trains with a rehearsal memory
 
@@ -224,15 +223,15 @@ class GRPOModule(L.LightningModule):
         played = dict(zip(rest, self.runner.run([tasks[i] for i in rest], [streams[i] for i in rest], memories)))
         return [scouted.get(i) or played[i] for i in range(len(tasks))], [i not in scouted for i in range(len(tasks))]
 
-    def _record(self, step, episodes, rewards, advantages, parts, gen_s, generated) -> None:
+    def _record(self, step, episodes, rewards, advantages, parts, gen_s, played) -> None:
         """Telemetry of the step over all ranks' learned episodes (sums gathered, then ratios);
-        `generated`: every token the step generated, private rehearsals included."""
+        real calls and generated tokens over every episode `played`, private rehearsals included."""
         act_texts = [self.policy.decode(g.output_ids) for e in episodes for g in e.generations if g.role == ACT]
         sums = self._sum(torch.tensor([
             float(len(episodes)), float(rewards.sum()), float(sum(e.success for e in episodes)),
             float(advantages[ACT_ID].abs().sum()), float(advantages[REHEARSE_ID].abs().sum()),
             float(len(act_texts)), float(sum(leaked(t, self.leak_set) for t in act_texts)),
-            float(sum(e.real_calls for e in episodes)), float(generated),
+            float(sum(e.real_calls for e in played)), float(sum(sum(e.tokens.values()) for e in played)),
             float(parts["kl"]), float(parts["clipped"]), float(parts["tokens"]), float(parts["loss"]),
         ], dtype=torch.float64))
         n, reward, success, adv_act, adv_reh, acts, leaks, real, generated, kl, clipped, tokens, loss = sums.tolist()
