@@ -340,6 +340,41 @@ def test_memory_training_examples_carry_the_episodes_own_plan_first(prepared_dir
     assert all(sum(r == 2 for r in roles) == 0 for _, roles in examples)  # ACT only
 
 
+def test_supervised_start_keeps_the_rehearser_it_starts_from(prepared_dir, tokenizer):
+    """REHEARSE rows come from the same successful episodes, REHEARSE targets only; trained
+    beside ACT's memory examples, they keep the REHEARSE that an ACT-only start wears down in
+    the shared weights (which is what `envace`'s GRPO then plays on)."""
+    import copy
+
+    from envace.io import read_jsonl
+    from envace.model import build_default
+    from envace.train.data import collate
+    from envace.train.losses import role_nll
+    from envace.train.memory import memory_examples, rehearse_examples, teach_memory
+
+    episodes = list(read_jsonl(prepared_dir / "data/prepared/train.jsonl"))
+    acts = memory_examples(episodes, MinimalTemplate(), tokenizer, 48, 0, 1024)
+    rehearsals = rehearse_examples(episodes, MinimalTemplate(), tokenizer, 48, 0, 1024, 0.0)
+    assert len(rehearsals) == 48 and all(1 not in roles and 2 in roles for _, roles in rehearsals)
+
+    def rehearse_nll(model) -> float:
+        with torch.no_grad():
+            batch = collate(rehearsals, tokenizer.pad_token_id)
+            return float(role_nll(model, batch["input_ids"], batch["attention_mask"], batch["roles"])["rehearse"])
+
+    torch.manual_seed(0)
+    gated = build_default(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tokenizer)
+    for seed in range(30):  # a rehearser to start from
+        teach_memory(gated, rehearsals, tokenizer.pad_token_id, 1e-2, 8, 1.0, seed)
+    act_only, both = copy.deepcopy(gated), copy.deepcopy(gated)
+    assert teach_memory(act_only, acts, tokenizer.pad_token_id, 3e-3, 8, 1.0, 0)["rehearse_loss"] == 0.0
+    losses = teach_memory(both, acts + rehearsals, tokenizer.pad_token_id, 3e-3, 8, 1.0, 0)
+    assert losses["act_loss"] > 0 and losses["rehearse_loss"] > 0
+    start = rehearse_nll(gated)
+    worn, kept = rehearse_nll(act_only) - start, rehearse_nll(both) - start
+    assert worn > 0.3 and kept < worn / 3, (start, worn, kept)  # measured: 0.86, +0.69, +0.10
+
+
 def test_rehearse_params_and_a_missing_model_are_named(tmp_path, monkeypatch):
     from envace.config import ParamsError, parse_params
     from envace.stages import StageFailed

@@ -120,8 +120,8 @@ def write_curve(variant: str, history: list[dict]) -> None:
 
 
 def supervised_start(policy, episodes: list[dict], params: Params, variant: str) -> dict:
-    """ACT's supervised start on successful logged episodes, most with a rehearsal memory
-    (`envace.train.memory`). Every RL variant gets it — it also filters out the logs'
+    """ACT's supervised start on successful logged episodes, most with a rehearsal memory, with
+    REHEARSE trained beside it on their real responses (`envace.train.memory`). Every RL variant gets it — it also filters out the logs'
     mistakes, which would otherwise count as envace's gain — though only envace then plays
     with memories.
 
@@ -132,7 +132,7 @@ def supervised_start(policy, episodes: list[dict], params: Params, variant: str)
     import torch
 
     from envace.model import device_of
-    from envace.train.memory import memory_examples, teach_memory
+    from envace.train.memory import memory_examples, rehearse_examples, teach_memory
 
     cfg = params.train
     start = time.perf_counter()
@@ -152,12 +152,17 @@ def supervised_start(policy, episodes: list[dict], params: Params, variant: str)
                   f"{state['summary']['examples']} examples, final ACT loss {state['summary']['act_loss']:.3f})",
                   flush=True)
             return dict(state["summary"])
-    examples = memory_examples(episodes, policy.template, policy.tokenizer, cfg.memory_examples, cfg.seed, policy.max_len)
-    loss = teach_memory(policy.model, examples, policy.pad_id, cfg.lr, params.warmup.batch_size, cfg.grad_clip, cfg.seed)
-    summary = {"examples": len(examples), "act_loss": round(loss, 4)}
+    made = (episodes, policy.template, policy.tokenizer, cfg.memory_examples, cfg.seed, policy.max_len)
+    examples = memory_examples(*made)
+    rehearsals = rehearse_examples(*made, params.roles.privileged_dropout)  # keeps the gated rehearser
+    losses = teach_memory(policy.model, examples + rehearsals, policy.pad_id, cfg.lr, params.warmup.batch_size,
+                          cfg.grad_clip, cfg.seed, params.warmup.lambda_env)
+    summary = {"examples": len(examples), "rehearse_examples": len(rehearsals),
+               **{k: round(v, 4) for k, v in losses.items()}}
     save_start(saved, policy.model, summary)
-    print(f"train[{variant}]: supervised start of ACT on {len(examples)} successful logged examples "
-          f"(final ACT loss {loss:.3f}) in {time.perf_counter() - start:.0f}s", flush=True)
+    print(f"train[{variant}]: supervised start of ACT on {len(examples)} successful logged examples and of "
+          f"REHEARSE on {len(rehearsals)} (final losses: ACT {losses['act_loss']:.3f}, REHEARSE "
+          f"{losses['rehearse_loss']:.3f}) in {time.perf_counter() - start:.0f}s", flush=True)
     return summary
 
 
