@@ -14,8 +14,8 @@ play with memories in GRPO.
 REHEARSE is trained beside ACT on the same episodes' real responses (`rehearse_examples`),
 as in the warmup. The weights are shared, so ACT-only updates wore REHEARSE down — the
 rehearser the gate had passed — and `envace`'s GRPO then played on a broken one (measured:
-one seed's rehearsal exact match 0.972 after warmup, 0.006 after the start, and not one
-imagined episode solved in 50 steps).
+one seed's rehearsal exact match 0.972 after warmup, 0.006 after GRPO, which solved not one
+imagined episode in 50 steps and so learned nothing).
 """
 
 from __future__ import annotations
