@@ -256,7 +256,8 @@ class TrainConfig(Section):
     half learned from; 0 = off)."""
     memory_examples: int = Field(6000, ge=0)
     """Every RL variant: successful logged examples of ACT's supervised start before GRPO, two
-    in three with a rehearsal memory (`envace.train.memory`; 0 = none: GRPO alone)."""
+    in three with a rehearsal memory, and REHEARSE trained on the same episodes' real responses
+    (`envace.train.memory`; 0 = none: GRPO alone)."""
     chunk_rows: int = Field(64, gt=0)
     """Rows (generations) per forward/backward chunk of the update: bounds memory, not the result."""
     seed: int = 0
