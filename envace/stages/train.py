@@ -121,9 +121,9 @@ def write_curve(variant: str, history: list[dict]) -> None:
 
 def supervised_start(policy, episodes: list[dict], params: Params, variant: str) -> dict:
     """ACT's supervised start on successful logged episodes, most with a rehearsal memory, with
-    REHEARSE trained beside it on their real responses (`envace.train.memory`). Every RL variant gets it — it also filters out the logs'
-    mistakes, which would otherwise count as envace's gain — though only envace then plays
-    with memories.
+    REHEARSE trained beside it on their real responses (`envace.train.memory`). Every RL
+    variant gets it — it also filters out the logs' mistakes, which would otherwise count as
+    envace's gain — though only envace then plays with memories.
 
     It is the same for every variant (the same warmup model, examples, seed and updates), so
     it runs once: the weights it ends with are saved under a stamp of everything they are
