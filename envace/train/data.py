@@ -152,24 +152,35 @@ def permuted(names: list[str], rng: random.Random) -> list[str]:
     return out
 
 
+def recorded_steps(episode: dict) -> list[tuple]:
+    """Each recorded call with its privileged facts and real response."""
+    facts = fact_source(episode["task"])
+    return [(c, facts.facts(c), r) for c, r in recorded_calls(episode)]
+
+
 def fixed_parts(episode: dict, template) -> tuple[list[Segment], list[tuple]]:
-    """What no epoch redraws: the ACT conversation, and each recorded call with its privileged
-    facts and real response."""
-    task, facts = episode["task"], fact_source(episode["task"])
+    """What no epoch redraws: the ACT conversation and the `recorded_steps`."""
+    task = episode["task"]
     act = template.act(task["tools"], task["request"], episode["messages"], policy=task.get("policy", ""))
-    return act, [(c, facts.facts(c), r) for c, r in recorded_calls(episode)]
+    return act, recorded_steps(episode)
+
+
+def rehearse_segments(task: dict, steps: list[tuple], template, rng: random.Random,
+                      privileged_dropout: float) -> list[Segment]:
+    """The REHEARSE conversation of an episode's `recorded_steps`, each call's facts dropped
+    with probability `privileged_dropout`."""
+    dropped = [(c, None if rng.random() < privileged_dropout else f, r) for c, f, r in steps]
+    return template.rehearse(task["tools"], task["request"], dropped)
 
 
 def episode_segments(episode: dict, template, rng: random.Random, privileged_dropout: float,
                      fixed: tuple | None = None) -> list[list[Segment]]:
-    """The rendered examples of one episode: its ACT conversation and its REHEARSE conversation,
-    each call's facts dropped with probability `privileged_dropout`. `fixed`: the episode's
-    `fixed_parts`, when the caller keeps them."""
+    """The rendered examples of one episode: its ACT conversation and its REHEARSE conversation
+    (`rehearse_segments`). `fixed`: the episode's `fixed_parts`, when the caller keeps them."""
     act, steps = fixed or fixed_parts(episode, template)
     if not steps:
         return [act]
-    dropped = [(c, None if rng.random() < privileged_dropout else f, r) for c, f, r in steps]
-    return [act, template.rehearse(episode["task"]["tools"], episode["task"]["request"], dropped)]
+    return [act, rehearse_segments(episode["task"], steps, template, rng, privileged_dropout)]
 
 
 class SFTDataset(torch.utils.data.Dataset):

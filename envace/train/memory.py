@@ -25,7 +25,7 @@ import random
 import torch
 
 from envace.roles import encode
-from envace.train.data import collate, episode_segments, length_batches
+from envace.train.data import collate, length_batches, recorded_steps, rehearse_segments
 from envace.train.losses import warmup_loss
 
 
@@ -67,9 +67,10 @@ def rehearse_examples(episodes: list[dict], template, tokenizer, n: int, seed: i
     rng = random.Random(f"{seed}-rehearse")
     out, memo = [], {}
     for k in range(n):
-        segments = episode_segments(solved[k * len(solved) // n], template, rng, privileged_dropout)
-        if len(segments) == 2:  # an episode without calls has nothing to rehearse
-            ids, roles = encode(tokenizer, segments[1], memo)
+        episode = solved[k * len(solved) // n]
+        steps = recorded_steps(episode)
+        if steps:  # an episode without calls has nothing to rehearse
+            ids, roles = encode(tokenizer, rehearse_segments(episode["task"], steps, template, rng, privileged_dropout), memo)
             out.append((ids[:max_len], roles[:max_len]))
     return out
 
