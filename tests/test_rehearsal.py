@@ -78,6 +78,24 @@ def test_budgets_nest_and_sequential_episodes_see_the_earlier_ones(policy):
     assert chain[2].memory == condense(chain[:2], 2, "sequential")
 
 
+def test_a_first_episode_played_once_serves_both_modes(policy):
+    from envace.evaluate.test_time import budget_curve
+
+    tasks = [bank_task(), bank_task(500)]
+    first = [episodes[0] for episodes in imagine(policy, tasks, CFG, 1, "parallel")]
+    for mode in ("parallel", "sequential"):
+        alone, continued = imagine(policy, tasks, CFG, 3, mode), imagine(policy, tasks, CFG, 3, mode, first=first)
+        assert [[e.messages for e in chain] for chain in continued] == [[e.messages for e in chain] for chain in alone]
+        assert continued[0][0] is first[0]
+    # the curve of both modes together (first episodes and N = 1's real run shared) is each mode's alone
+    together = budget_curve(policy, tasks, CFG, [0, 1, 2], ["parallel", "sequential"], 2, 1.0, 0)
+    for mode in ("parallel", "sequential"):
+        alone = budget_curve(policy, tasks, CFG, [0, 1, 2], [mode], 2, 1.0, 0)
+        assert together[0][mode] == alone[0][mode]
+        assert [[e.messages for e in together[2][mode][n]] for n in (0, 1, 2)] == \
+            [[e.messages for e in alone[2][mode][n]] for n in (0, 1, 2)]
+
+
 def _imagined(task, *steps, answer=True):
     messages = [{"role": "user", "content": task.request}]
     for name, response in steps:

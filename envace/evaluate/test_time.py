@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from envace.domains import get_domain
 from envace.domains.base import Mistakes, Task, is_error
 from envace.evaluate import wilson
 from envace.rehearsal import harmful_executed
-from envace.rehearsal.guard import Guard, is_high_risk, preconditions_of, review
+from envace.rehearsal.guard import Guard, is_high_risk, judge, preconditions_of, rehearse_calls
 from envace.rehearsal.memory import condense, imagine
 from envace.rollout.runner import EpisodeRunner, RealResponder
 from envace.data.splits import spread
@@ -55,8 +56,11 @@ def budget_curve(policy, tasks: list[Task], rollout, budgets: list[int], modes: 
     runner = EpisodeRunner(policy, RealResponder(), rollout, temperature=0.0)
     base = runner.run(tasks)
     curve, played, private_calls = {}, {}, 0
+    first = None  # each task's first imagined episode: alike in every mode, played once
+    real_runs: dict[str, list] = {}  # the real episodes by their memories: greedy, so equal memories play alike
     for mode in modes:
-        imagined = imagine(policy, tasks, rollout, top, mode, memory_episodes, temperature, seed)
+        imagined = imagine(policy, tasks, rollout, top, mode, memory_episodes, temperature, seed, first)
+        first = [episodes[0] for episodes in imagined] if top else None
         private_calls += sum(e.real_calls for episodes in imagined for e in episodes)
         curve[mode], played[mode] = {}, {0: base}
         for n in budgets:
@@ -64,7 +68,10 @@ def budget_curve(policy, tasks: list[Task], rollout, budgets: list[int], modes: 
                 real = base
             else:
                 memories = [condense(episodes[:n], memory_episodes, mode) for episodes in imagined]
-                real = runner.run(tasks, memories=memories)
+                key = json.dumps(memories, sort_keys=True, default=str)  # N = 1: one episode, the same memory in every mode
+                if key not in real_runs:
+                    real_runs[key] = runner.run(tasks, memories=memories)
+                real = real_runs[key]
             played[mode][n] = real
             gain, low, high = paired_gain([e.success for e in real], [e.success for e in base])
             tokens = sum(sum(e.tokens.values()) for e in real) + sum(
@@ -184,10 +191,11 @@ def guard_table(policy, contexts: list[Context], max_new_tokens: int) -> dict:
     """{"informed"|"uninformed": rates overall, "per_tool", and "rehearsal_only" /
     "preconditions_only": the same rates for each part of the guard alone}."""
     cases = [(c.task, c.seen, c.call) for c in contexts]
+    rehearsed = rehearse_calls(policy, cases, max_new_tokens)  # greedy: the guard's and its rehearsal part's
     verdicts = {
-        "guard": review(policy, cases, max_new_tokens),
-        "rehearsal_only": review(policy, cases, max_new_tokens, preconditions=False),
-        "preconditions_only": review(policy, cases, max_new_tokens, rehearse=False),
+        "guard": judge(cases, rehearsed),
+        "rehearsal_only": judge(cases, rehearsed, preconditions=False),
+        "preconditions_only": judge(cases, None),
     }
     out = {}
     for informed, name in ((True, "informed"), (False, "uninformed")):

@@ -71,18 +71,32 @@ def is_high_risk(task: Task, name: str) -> bool:
 def review(policy: Policy, cases: list[tuple[Task, list[tuple[dict, Any]], dict]], max_new_tokens: int,
            rehearse: bool = True, preconditions: bool = True) -> list[Verdict]:
     """A verdict per (task, real history, high-risk call), the rehearsals generated in one batch."""
-    rehearsed: list[Any] = [{} for _ in cases]
-    if rehearse and cases:
-        prompts = [policy.encode(policy.template.rehearse(task.tools, task.request,
-                                                          [(c, None, r) for c, r in seen] + [(call, None, None)], train=False))
-                   for task, seen, call in cases]
-        outputs = policy.generate(prompts, max_new_tokens, 0.0, 1.0)
-        for i, ids in enumerate(outputs):
-            ok = ids is not None and ids and ids[-1] == policy.stop_id
-            parsed = parse_rehearse(policy.decode(ids), policy.template.end) if ok else Failure("unreadable", "")
-            rehearsed[i] = None if isinstance(parsed, Failure) else parsed
+    return judge(cases, rehearse_calls(policy, cases, max_new_tokens) if rehearse else None, preconditions)
+
+
+def rehearse_calls(policy: Policy, cases: list[tuple[Task, list[tuple[dict, Any]], dict]],
+                   max_new_tokens: int) -> list[Any]:
+    """REHEARSE's greedy prediction of each case's response, in one batch (None: unreadable)."""
+    if not cases:
+        return []
+    prompts = [policy.encode(policy.template.rehearse(task.tools, task.request,
+                                                      [(c, None, r) for c, r in seen] + [(call, None, None)], train=False))
+               for task, seen, call in cases]
+    rehearsed: list[Any] = []
+    for ids in policy.generate(prompts, max_new_tokens, 0.0, 1.0):
+        ok = ids is not None and ids and ids[-1] == policy.stop_id
+        parsed = parse_rehearse(policy.decode(ids), policy.template.end) if ok else Failure("unreadable", "")
+        rehearsed.append(None if isinstance(parsed, Failure) else parsed)
+    return rehearsed
+
+
+def judge(cases: list[tuple[Task, list[tuple[dict, Any]], dict]], rehearsed: list[Any] | None,
+          preconditions: bool = True) -> list[Verdict]:
+    """The verdicts on `rehearsed` (`rehearse_calls`'s; None: the guard without its rehearsal) and,
+    with `preconditions`, on the preconditions the history decides."""
     verdicts = []
-    for (task, seen, call), predicted in zip(cases, rehearsed):
+    for i, (task, seen, call) in enumerate(cases):
+        predicted = {} if rehearsed is None else rehearsed[i]
         verdict = Verdict(call, predicted)
         for p in preconditions_of(task, call["name"]):
             holds = p.check(call, seen) if preconditions else None
@@ -91,9 +105,9 @@ def review(policy: Policy, cases: list[tuple[Task, list[tuple[dict, Any]], dict]
             elif holds is None:
                 verdict.undecided.append(p.text)
         reasons = [f"precondition false: {text}" for text in verdict.broken]
-        if rehearse and predicted is None:
+        if rehearsed is not None and predicted is None:
             reasons.append("its rehearsal could not be read (fail closed)")
-        elif rehearse and is_error(predicted):
+        elif rehearsed is not None and is_error(predicted):
             code = predicted["error"].get("code", "error") if isinstance(predicted["error"], dict) else "error"
             reasons.append(f"rehearsed outcome: {code}")
         verdict.hold, verdict.reason = bool(reasons), "; ".join(reasons)

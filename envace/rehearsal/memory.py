@@ -69,22 +69,25 @@ def condense(episodes: list[Episode], limit: int, mode: Literal["parallel", "seq
 
 def imagine(policy: Policy, tasks: list[Task], rollout: RolloutConfig, budget: int,
             mode: Literal["parallel", "sequential"] = "parallel", memory_episodes: int = 2,
-            temperature: float = 1.0, seed: int = 0) -> list[list[Episode]]:
+            temperature: float = 1.0, seed: int = 0, first: list[Episode] | None = None) -> list[list[Episode]]:
     """`budget` imagined episodes per task: ACT and REHEARSE of `policy`, no privileged facts,
     no backend (zero real calls). Imagined episode k of task i samples from the stream
     (seed, i, k) in either mode, so the first is the same in both and a smaller budget's
-    episodes are the first of a larger one's."""
+    episodes are the first of a larger one's. `first`: each task's first imagined episode,
+    already played (by either mode); only the others are played."""
     if budget <= 0 or not tasks:
         return [[] for _ in tasks]
     responder = ModelResponder(policy, rollout, "rehearsed", temperature, privileged=False)
     runner = EpisodeRunner(policy, responder, rollout, temperature=temperature)
     stream = lambda i, k: mix64(seed, PRIVATE, i, k)  # noqa: E731
+    chains: list[list[Episode]] = [[e] for e in first] if first else [[] for _ in tasks]
+    begin = len(chains[0])
     if mode == "parallel":
-        flat = runner.run([t for t in tasks for _ in range(budget)],
-                          [stream(i, k) for i in range(len(tasks)) for k in range(budget)])
-        return [flat[i * budget:(i + 1) * budget] for i in range(len(tasks))]
-    chains: list[list[Episode]] = [[] for _ in tasks]
-    for k in range(budget):
+        per_task = budget - begin
+        flat = runner.run([t for t in tasks for _ in range(per_task)],
+                          [stream(i, k) for i in range(len(tasks)) for k in range(begin, budget)])
+        return [chain + flat[i * per_task:(i + 1) * per_task] for i, chain in enumerate(chains)]
+    for k in range(begin, budget):
         memories = [condense(chain, memory_episodes, "sequential") or None for chain in chains]
         for chain, episode in zip(chains, runner.run(tasks, [stream(i, k) for i in range(len(tasks))], memories)):
             chain.append(episode)
