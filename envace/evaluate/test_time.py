@@ -4,7 +4,8 @@
   mode, with the gain against N = 0 on the same tasks and its paired 95% interval,
   tokens generated per task (imagined and real) and real calls per task. Budgets are
   nested: a task's first N imagined episodes are those of the largest budget, so every
-  point of the curve is one more real episode, not a new rehearsal.
+  point of the curve is one more real episode, not a new rehearsal; what the modes share (each
+  task's first imagined episode, and so N = 1's real episode) is played once.
 - `guard_contexts` / `guard_table`: high-risk calls in real contexts from the test tasks.
   For each task whose demonstrator (checks skipped) reaches a high-risk call, the call is
   labelled by the real backend (rejected: harmful; accepted: safe) and offered in the
